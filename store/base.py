@@ -1,0 +1,105 @@
+"""The store contract: what ingest writes and the API reads, whatever the backend.
+
+Imports neither zmq nor fastapi. Every backend passes tests/conformance unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from store.model import (
+    ApplyOutcome,
+    Batch,
+    Fence,
+    Hash,
+    Page,
+    SessionSummary,
+    SessionView,
+    WorkerKey,
+    WorkerStatus,
+    WorkerView,
+)
+
+
+class IndexStore(Protocol):
+    """Per-worker block entries, per-session residency, fences and worker status."""
+
+    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+        """Apply one batch atomically with the worker's fence (see `store.model.decide`).
+
+        DUPLICATE and PREVIOUS_ENGINE change nothing. RESTARTED empties the worker first.
+        Cost: O(blocks in the batch), plus O(sessions holding a block) per removed block.
+        """
+        ...
+
+    async def fence(self, worker: WorkerKey) -> Fence | None:
+        """The worker's stored fence: where a restarted subscriber resumes. None if unknown."""
+        ...
+
+    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
+        """Record the worker's stream health; registers a worker not seen before."""
+        ...
+
+    async def clear_worker(self, worker: WorkerKey) -> None:
+        """Drop every entry and residency of the worker, keeping its fence and status.
+
+        Touches only that worker's data: O(its entries), off the hot path.
+        """
+        ...
+
+    async def remove_worker(self, worker: WorkerKey) -> None:
+        """Forget the worker entirely (gone for longer than the grace time)."""
+        ...
+
+    async def get_session(self, session_id: str) -> SessionView | None:
+        """The session's residency on every worker; None for a session never seen.
+
+        A session whose blocks were all evicted is still returned (with zero blocks) until
+        it ages out. Cost: O(workers holding it).
+        """
+        ...
+
+    async def session_blocks(
+        self,
+        session_id: str,
+        *,
+        pod: str | None,
+        medium: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[Hash] | None:
+        """Distinct block hashes of the session, filtered by pod and medium, in hash order.
+
+        None for a session never seen. Raises InvalidCursorError. Cost: O(session blocks).
+        """
+        ...
+
+    async def list_sessions(
+        self, *, pod: str | None, limit: int, cursor: str | None
+    ) -> Page[SessionSummary]:
+        """Sessions, most recently seen first; with `pod`, only those resident on it.
+
+        Raises InvalidCursorError. Cost: O(sessions) per page in memory.
+        """
+        ...
+
+    async def list_workers(self) -> list[WorkerView]:
+        """Every known worker with counts, fence and status, ordered by pod then rank."""
+        ...
+
+    async def worker_blocks(
+        self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None
+    ) -> Page[Hash] | None:
+        """Distinct block hashes held by the pod (all ranks unless `dp_rank`), in hash order.
+
+        None for an unknown pod. Raises InvalidCursorError. Cost: O(pod entries) per page.
+        """
+        ...
+
+    async def expire_sessions(self, older_than: float) -> int:
+        """Forget sessions with no resident block whose last_seen is before `older_than`."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,315 @@
+"""The embedded index store: everything in this process's memory, no server needed.
+
+Imports neither zmq, fastapi nor redis. One worker's entries double as its reverse map:
+per (medium, group_idx), hash -> the sessions holding it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from store.model import (
+    DEFAULT_MEDIUM,
+    AllCleared,
+    ApplyOutcome,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    Fence,
+    Hash,
+    Page,
+    SessionOnWorker,
+    SessionSummary,
+    SessionView,
+    WorkerKey,
+    WorkerStatus,
+    WorkerView,
+    advance,
+    decide,
+)
+from store.paging import page_hashes, page_sessions
+
+PartKey = tuple[str, int]
+"""(medium, group_idx): the part of a worker's cache an entry lives in."""
+
+Holders = str | set[str] | None
+"""Who holds an entry: no session, one (the common case, kept as the bare id to spare a set
+per block), or several (a shared prefix such as a system prompt). Ids are the one string
+object of their `_Session`, so the common check is `is`."""
+
+
+class _Session:
+    """A session across workers; kept after its blocks are gone until it ages out."""
+
+    __slots__ = ("last_seen", "session_id", "workers")
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.workers: dict[WorkerKey, _Residency] = {}
+        self.last_seen = 0.0
+
+
+class _Residency:
+    """One session on one worker: its hashes per part, and when it last stored there."""
+
+    __slots__ = ("blocks", "last_seen", "session")
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.blocks: dict[PartKey, set[Hash]] = {}
+        self.last_seen = 0.0
+
+    def count(self) -> int:
+        return sum(len(s) for s in self.blocks.values())
+
+    def by_medium(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (medium, _), hashes in self.blocks.items():
+            if hashes:
+                out[medium] = out.get(medium, 0) + len(hashes)
+        return out
+
+
+class _Worker:
+    __slots__ = ("fence", "key", "last_event_at", "parts", "sessions", "status")
+
+    def __init__(self, key: WorkerKey) -> None:
+        self.key = key
+        self.parts: dict[PartKey, dict[Hash, Holders]] = {}
+        self.sessions: dict[str, _Residency] = {}
+        self.fence: Fence | None = None
+        self.status = WorkerStatus(since=time.time())
+        self.last_event_at: float | None = None
+
+    def entries(self) -> int:
+        return sum(len(p) for p in self.parts.values())
+
+
+class MemoryStore:
+    """IndexStore in process memory; the embedded default."""
+
+    def __init__(self) -> None:
+        self._workers: dict[WorkerKey, _Worker] = {}
+        self._sessions: dict[str, _Session] = {}
+
+    # -- write side ---------------------------------------------------------------------
+
+    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+        return self.apply_now(worker, batch)
+
+    def apply_now(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+        """`apply` without the coroutine, for benchmarks and the in-process fast path."""
+        w = self._worker(worker)
+        outcome = decide(w.fence, batch.seq, batch.ts)
+        if outcome is ApplyOutcome.DUPLICATE or outcome is ApplyOutcome.PREVIOUS_ENGINE:
+            return outcome
+        if outcome is ApplyOutcome.RESTARTED:
+            self._clear(w)
+        ts = batch.ts
+        for event in batch.events:
+            if isinstance(event, BlocksStored):
+                self._store(w, event, ts)
+            elif isinstance(event, BlocksRemoved):
+                self._remove(w, event)
+            elif isinstance(event, AllCleared):
+                self._clear(w)
+        w.fence = advance(w.fence, outcome, batch.seq, ts)
+        w.last_event_at = time.time()
+        return outcome
+
+    def _store(self, w: _Worker, event: BlocksStored, ts: float) -> None:
+        pk = (event.medium or DEFAULT_MEDIUM, event.group_idx or 0)
+        part = w.parts.get(pk)
+        if part is None:
+            part = w.parts[pk] = {}
+        hashes = event.block_hashes
+        if event.session_id is None:
+            for h in hashes:
+                if h not in part:
+                    part[h] = None
+            return
+        res = w.sessions.get(event.session_id) or self._new_residency(w, event.session_id)
+        if ts > res.last_seen:
+            res.last_seen = ts
+            if ts > res.session.last_seen:
+                res.session.last_seen = ts
+        held = res.blocks.get(pk)
+        if held is None:
+            held = res.blocks[pk] = set()
+        held.update(hashes)
+        sid = res.session.session_id
+        get = part.get
+        for h in hashes:
+            holders = get(h)
+            if holders is None:
+                part[h] = sid
+            elif isinstance(holders, str):
+                if holders is not sid:
+                    part[h] = {holders, sid}
+            else:
+                holders.add(sid)
+
+    def _remove(self, w: _Worker, event: BlocksRemoved) -> None:
+        pk = (event.medium or DEFAULT_MEDIUM, event.group_idx or 0)
+        part = w.parts.get(pk)
+        if not part:
+            return
+        sessions = w.sessions
+        pop = part.pop
+        for h in event.block_hashes:
+            holders = pop(h, None)
+            if holders is None:
+                continue
+            if isinstance(holders, str):
+                sessions[holders].blocks[pk].discard(h)
+            else:
+                for sid in holders:
+                    sessions[sid].blocks[pk].discard(h)
+
+    def _clear(self, w: _Worker) -> None:
+        w.parts.clear()
+        for sid in w.sessions:
+            self._sessions[sid].workers.pop(w.key, None)
+        w.sessions.clear()
+
+    def _new_residency(self, w: _Worker, session_id: str) -> _Residency:
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = _Session(session_id)
+        res = w.sessions[session.session_id] = _Residency(session)
+        session.workers[w.key] = res
+        return res
+
+    def _worker(self, key: WorkerKey) -> _Worker:
+        w = self._workers.get(key)
+        if w is None:
+            w = self._workers[key] = _Worker(key)
+        return w
+
+    async def fence(self, worker: WorkerKey) -> Fence | None:
+        w = self._workers.get(worker)
+        return w.fence if w else None
+
+    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
+        self._worker(worker).status = status
+
+    async def clear_worker(self, worker: WorkerKey) -> None:
+        w = self._workers.get(worker)
+        if w is not None:
+            self._clear(w)
+
+    async def remove_worker(self, worker: WorkerKey) -> None:
+        w = self._workers.pop(worker, None)
+        if w is not None:
+            self._clear(w)
+
+    async def expire_sessions(self, older_than: float) -> int:
+        expired = [
+            sid
+            for sid, s in self._sessions.items()
+            if s.last_seen < older_than and not any(r.count() for r in s.workers.values())
+        ]
+        for sid in expired:
+            for key in self._sessions.pop(sid).workers:
+                self._workers[key].sessions.pop(sid, None)
+        return len(expired)
+
+    # -- read side ----------------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> SessionView | None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        workers = [
+            SessionOnWorker(
+                pod=key.pod,
+                dp_rank=key.dp_rank,
+                blocks=res.count(),
+                by_medium=res.by_medium(),
+                last_seen=res.last_seen,
+            )
+            for key, res in session.workers.items()
+            if res.count()
+        ]
+        workers.sort(key=lambda s: (-s.blocks, s.pod, s.dp_rank))
+        return SessionView(
+            session_id=session_id,
+            total_blocks=sum(s.blocks for s in workers),
+            last_seen=session.last_seen,
+            workers=workers,
+        )
+
+    async def session_blocks(
+        self,
+        session_id: str,
+        *,
+        pod: str | None,
+        medium: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[Hash] | None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        hashes: set[Hash] = set()
+        for key, res in session.workers.items():
+            if pod is None or key.pod == pod:
+                for (m, _), held in res.blocks.items():
+                    if medium is None or m == medium:
+                        hashes.update(held)
+        return page_hashes(hashes, limit, cursor)
+
+    async def list_sessions(
+        self, *, pod: str | None, limit: int, cursor: str | None
+    ) -> Page[SessionSummary]:
+        return page_sessions(self._summaries(pod), limit, cursor)
+
+    def _summaries(self, pod: str | None) -> Iterator[SessionSummary]:
+        for sid, session in self._sessions.items():
+            counts = [
+                res.count() for key, res in session.workers.items() if pod is None or key.pod == pod
+            ]
+            blocks = sum(counts)
+            if pod is not None and not blocks:
+                continue
+            yield SessionSummary(
+                session_id=sid,
+                blocks=blocks,
+                workers=sum(1 for c in counts if c),
+                last_seen=session.last_seen,
+            )
+
+    async def list_workers(self) -> list[WorkerView]:
+        return [
+            WorkerView(
+                pod=w.key.pod,
+                dp_rank=w.key.dp_rank,
+                blocks=w.entries(),
+                sessions=sum(1 for r in w.sessions.values() if r.count()),
+                last_seq=w.fence.seq if w.fence else None,
+                last_event_at=w.last_event_at,
+                status=w.status,
+            )
+            for _, w in sorted(self._workers.items())
+        ]
+
+    async def worker_blocks(
+        self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None
+    ) -> Page[Hash] | None:
+        workers = [
+            w
+            for key, w in self._workers.items()
+            if key.pod == pod and (dp_rank is None or key.dp_rank == dp_rank)
+        ]
+        if not workers:
+            return None
+        hashes: set[Hash] = set()
+        for w in workers:
+            for (m, _), part in w.parts.items():
+                if medium is None or m == medium:
+                    hashes.update(part)
+        return page_hashes(hashes, limit, cursor)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,203 @@
+"""What the store applies and what it answers: events, batches, fences and views.
+
+Imports neither zmq nor fastapi; msgspec only, so both sides share these types cheaply.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Generic, NamedTuple, TypeVar
+
+import msgspec
+
+Hash = int | bytes
+"""A block hash as vLLM publishes it: an int (u64, or signed before 0.10.2) or a digest."""
+
+DEFAULT_MEDIUM = "GPU"
+"""vLLM's medium when a release or an event leaves it unset."""
+
+
+class WorkerKey(NamedTuple):
+    """One event publisher: a pod and one of its data-parallel ranks."""
+
+    pod: str
+    dp_rank: int
+
+    def __str__(self) -> str:
+        return f"{self.pod}/{self.dp_rank}"
+
+
+class BlocksStored(msgspec.Struct, frozen=True, gc=False):
+    """Blocks now resident on the worker; `session_id` gains them in its residency.
+
+    `medium` None means GPU and `group_idx` None means 0, as in vLLM, so the ingest decoder
+    can produce these directly from the wire without a conversion pass.
+    """
+
+    block_hashes: list[Hash]
+    medium: str | None = None
+    group_idx: int | None = None
+    session_id: str | None = None
+
+
+class BlocksRemoved(msgspec.Struct, frozen=True, gc=False):
+    """Blocks evicted from one medium and group of the worker, and from every session."""
+
+    block_hashes: list[Hash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class AllCleared(msgspec.Struct, frozen=True, gc=False):
+    """The worker dropped every block (prefix cache reset)."""
+
+
+StoreEvent = BlocksStored | BlocksRemoved | AllCleared
+
+
+class Batch(msgspec.Struct, gc=False):
+    """One published batch, stamped with the publisher's seq and the engine's clock."""
+
+    seq: int
+    ts: float
+    events: list[StoreEvent]
+
+
+class Fence(msgspec.Struct, frozen=True):
+    """Where a worker's stream stands: the last applied seq and the engine epoch it belongs to.
+
+    `epoch_ts` is the engine timestamp of the first batch applied after the last restart;
+    batches older than it come from a previous engine and are ignored. `last_ts` tells a
+    restart (seq back, newer time) from a duplicate (seq back, same or older time).
+    """
+
+    seq: int
+    epoch_ts: float
+    last_ts: float
+
+
+class ApplyOutcome(enum.StrEnum):
+    """What `apply` did with a batch; stable labels for metrics."""
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    PREVIOUS_ENGINE = "previous_engine"
+    RESTARTED = "restarted"
+
+
+def decide(fence: Fence | None, seq: int, ts: float) -> ApplyOutcome:
+    """The fence rule every backend applies atomically with the batch (DESIGN invariants 1, 3)."""
+    if fence is None:
+        return ApplyOutcome.APPLIED
+    if ts < fence.epoch_ts:
+        return ApplyOutcome.PREVIOUS_ENGINE
+    if seq > fence.seq:
+        return ApplyOutcome.APPLIED
+    if ts > fence.last_ts:
+        return ApplyOutcome.RESTARTED
+    return ApplyOutcome.DUPLICATE
+
+
+def advance(fence: Fence | None, outcome: ApplyOutcome, seq: int, ts: float) -> Fence:
+    """The fence after applying a batch with `outcome` (only for APPLIED and RESTARTED)."""
+    if fence is None or outcome is ApplyOutcome.RESTARTED:
+        return Fence(seq=seq, epoch_ts=ts, last_ts=ts)
+    return Fence(seq=seq, epoch_ts=fence.epoch_ts, last_ts=max(ts, fence.last_ts))
+
+
+class WorkerState(enum.StrEnum):
+    """How far a worker's index can be trusted; only LIVE is exact."""
+
+    CONNECTING = "connecting"
+    LIVE = "live"
+    DISCONNECTED = "disconnected"
+    DEGRADED = "degraded"
+
+
+class WorkerStatus(msgspec.Struct):
+    """Stream health of one worker, written by the subscriber, read by the API."""
+
+    state: WorkerState = WorkerState.CONNECTING
+    since: float = 0.0
+    detail: str = ""
+    batches_lost: int = 0
+
+
+class SessionOnWorker(msgspec.Struct):
+    """One session's residency on one worker."""
+
+    pod: str
+    dp_rank: int
+    blocks: int
+    by_medium: dict[str, int]
+    last_seen: float
+
+
+class SessionView(msgspec.Struct):
+    """Where a session's working memory lives now, worker by worker (most blocks first)."""
+
+    session_id: str
+    total_blocks: int
+    last_seen: float
+    workers: list[SessionOnWorker]
+
+
+class SessionSummary(msgspec.Struct):
+    """A line of the session list."""
+
+    session_id: str
+    blocks: int
+    workers: int
+    last_seen: float
+
+
+class WorkerView(msgspec.Struct):
+    """A worker as operators and routers see it."""
+
+    pod: str
+    dp_rank: int
+    blocks: int
+    sessions: int
+    last_seq: int | None
+    last_event_at: float | None
+    status: WorkerStatus
+
+
+T = TypeVar("T")
+
+
+class Page(msgspec.Struct, Generic[T]):
+    """One page of a listing; `next_cursor` is opaque and None on the last page."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+class InvalidCursorError(ValueError):
+    """A cursor the store did not hand out (or from another backend)."""
+
+
+def format_hash(h: Hash) -> str:
+    """JSON form of a block hash: decimal for ints, `0x` + lowercase hex for digests."""
+    if isinstance(h, bytes):
+        return "0x" + h.hex()
+    return str(h)
+
+
+def parse_hash(text: str) -> Hash:
+    """Inverse of `format_hash`; raises ValueError naming what is wrong."""
+    if text.startswith(("0x", "0X")):
+        digits = text[2:]
+        if not digits or len(digits) % 2:
+            raise ValueError(f"hex block hash {text!r} needs an even, non-zero number of digits")
+        try:
+            return bytes.fromhex(digits)
+        except ValueError:
+            raise ValueError(f"block hash {text!r} is not valid hex") from None
+    body = text[1:] if text.startswith("-") else text
+    if not body.isascii() or not body.isdigit():
+        raise ValueError(f"block hash {text!r} is neither a decimal integer nor 0x-hex")
+    value = int(text)
+    if not -(2**63) <= value < 2**64:
+        raise ValueError(f"block hash {text!r} is outside the 64-bit range vLLM publishes")
+    return value

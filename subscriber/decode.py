@@ -1,0 +1,163 @@
+"""Payload bytes -> events, for every vLLM release's encoding, never raising.
+
+Imports msgspec, the wire types and the store model only. Two targets share one procedure:
+the full wire model (`kvsi tail`, fixtures) and the store's events (ingest), which skip
+the fields the index does not use (token ids are most of a payload). The whole batch is
+decoded in one typed call; only a batch that fails is re-read event by event, so one bad
+event costs only itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from store.model import AllCleared, BlocksRemoved, BlocksStored, StoreEvent
+from subscriber import wire
+from subscriber.drops import DropReason
+
+E = TypeVar("E")
+
+_EVENT_TAGS = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
+
+
+class _IngestStored(BlocksStored, frozen=True, tag="BlockStored", tag_field="type"):
+    """BlockStored read straight into the store's event, unused fields skipped."""
+
+
+class _IngestRemoved(BlocksRemoved, frozen=True, tag="BlockRemoved", tag_field="type"):
+    """BlockRemoved read straight into the store's event."""
+
+
+class _IngestCleared(AllCleared, frozen=True, tag="AllBlocksCleared", tag_field="type"):
+    """AllBlocksCleared read straight into the store's event."""
+
+
+_IngestEvent = _IngestStored | _IngestRemoved | _IngestCleared
+
+
+class _IngestBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_IngestEvent]
+    data_parallel_rank: int | None = None
+
+
+@dataclass(slots=True)
+class Decoded(Generic[E]):
+    """One payload's outcome: its events (ok False if the batch was unreadable) and drops."""
+
+    ts: float = 0.0
+    data_parallel_rank: int | None = None
+    events: list[E] = field(default_factory=list)
+    dropped: list[DropReason] = field(default_factory=list)
+    ok: bool = True
+
+
+class BatchDecoder(Generic[E]):
+    """Reads map-encoded (0.24.0 on) and positional (0.9.0-0.23.0) batches into events E.
+
+    Remembers which encoding the stream used last, so a legacy stream does not pay for a
+    failed map decode on every batch.
+    """
+
+    def __init__(
+        self,
+        map_batch: type[Any],
+        map_event: Any,
+        from_array: Callable[[wire.ArrayKVCacheEvent], E],
+    ) -> None:
+        self._map = msgspec.msgpack.Decoder(map_batch)
+        self._map_event = msgspec.msgpack.Decoder(map_event)
+        self._array = msgspec.msgpack.Decoder(wire.ArrayKVEventBatch)
+        self._array_event = msgspec.msgpack.Decoder(wire.ArrayKVCacheEvent)
+        self._raw = msgspec.msgpack.Decoder(wire.RawKVEventBatch)
+        self._from_array = from_array
+        self._prefer_array = False
+
+    def decode(self, payload: bytes) -> Decoded[E]:
+        """Decode one payload; never raises."""
+        try:
+            return self._whole(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return self._event_by_event(payload)
+
+    def _whole(self, payload: bytes) -> Decoded[E]:
+        if self._prefer_array:
+            try:
+                return self._from_array_batch(self._array.decode(payload))
+            except msgspec.ValidationError:
+                batch = self._map.decode(payload)
+                self._prefer_array = False
+                return Decoded(batch.ts, batch.data_parallel_rank, batch.events)
+        try:
+            batch = self._map.decode(payload)
+            return Decoded(batch.ts, batch.data_parallel_rank, batch.events)
+        except msgspec.ValidationError:
+            decoded = self._from_array_batch(self._array.decode(payload))
+            self._prefer_array = True
+            return decoded
+
+    def _from_array_batch(self, batch: wire.ArrayKVEventBatch) -> Decoded[E]:
+        events = [self._from_array(e) for e in batch.events]
+        return Decoded(batch.ts, batch.data_parallel_rank, events)
+
+    def _event_by_event(self, payload: bytes) -> Decoded[E]:
+        try:
+            raw = self._raw.decode(payload)
+        except msgspec.ValidationError:
+            return Decoded(dropped=[DropReason.MALFORMED_BATCH], ok=False)
+        except msgspec.DecodeError:
+            return Decoded(dropped=[DropReason.NOT_MSGPACK], ok=False)
+        out: Decoded[E] = Decoded(raw.ts, raw.data_parallel_rank)
+        for item in raw.events:
+            event = self._one_event(bytes(item))
+            if isinstance(event, DropReason):
+                out.dropped.append(event)
+            else:
+                out.events.append(event)
+        return out
+
+    def _one_event(self, item: bytes) -> E | DropReason:
+        try:
+            event: E = self._map_event.decode(item)
+            return event
+        except msgspec.ValidationError:
+            pass
+        try:
+            return self._from_array(self._array_event.decode(item))
+        except msgspec.ValidationError:
+            return _classify(item)
+
+
+def _classify(item: bytes) -> DropReason:
+    """Tell an event of a kind we do not know from a broken one of a kind we do."""
+    generic = msgspec.msgpack.decode(item)
+    tag: object = None
+    if isinstance(generic, dict):
+        tag = generic.get("type")
+    elif isinstance(generic, list) and generic:
+        tag = generic[0]
+    if isinstance(tag, str) and tag not in _EVENT_TAGS:
+        return DropReason.UNKNOWN_EVENT
+    return DropReason.MALFORMED_EVENT
+
+
+def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
+    if isinstance(event, wire.ArrayBlockStored):
+        return BlocksStored(event.block_hashes, event.medium, event.group_idx)
+    if isinstance(event, wire.ArrayBlockRemoved):
+        return BlocksRemoved(event.block_hashes, event.medium, event.group_idx)
+    return AllCleared()
+
+
+def ingest_decoder() -> BatchDecoder[StoreEvent]:
+    """Decoder for the hot path: payload -> the store's events, nothing else materialized."""
+    return BatchDecoder(_IngestBatch, _IngestEvent, _store_event)
+
+
+def wire_decoder() -> BatchDecoder[wire.KVCacheEvent]:
+    """Decoder to the one typed wire model (vLLM 0.33's types), for tools and tests."""
+    return BatchDecoder(wire.KVEventBatch, wire.KVCacheEvent, wire.modernize)
