@@ -1,0 +1,129 @@
+"""Wiring: store, streams, simulated fleet and HTTP API in one process, started and stopped.
+
+The only module that knows every part; each part knows only the store contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+import uvicorn
+
+from api.app import create_app
+from kvsi.settings import Settings
+from store.base import IndexStore
+from store.select import open_store
+from subscriber.pool import StreamPool
+from subscriber.stream import PublisherSpec
+
+log = structlog.get_logger(__name__)
+
+
+def publisher_specs(settings: Settings) -> list[PublisherSpec]:
+    """The configured publishers as stream specs (the global topic fills in gaps)."""
+    return [
+        PublisherSpec(
+            pod=p.pod,
+            endpoint=p.endpoint,
+            replay_endpoint=p.replay_endpoint,
+            dp_rank=p.dp_rank,
+            topic=settings.topic if p.topic is None else p.topic,
+        )
+        for p in settings.publishers
+    ]
+
+
+async def expire_idle_sessions(store: IndexStore, idle: float, interval: float) -> None:
+    """Keep memory flat: forget sessions with no resident block, idle for `idle` seconds."""
+    while True:
+        await asyncio.sleep(interval)
+        expired = await store.expire_sessions(time.time() - idle)
+        if expired:
+            log.info("janitor.sessions_expired", count=expired)
+
+
+def readiness_probe(store: IndexStore) -> Callable[[], Awaitable[list[str]]]:
+    """Not ready while the store cannot answer."""
+
+    async def reasons() -> list[str]:
+        try:
+            await store.list_workers()
+        except Exception as exc:  # any store failure means not ready; the reason says which
+            return [f"index store unavailable: {exc}"]
+        return []
+
+    return reasons
+
+
+async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run until cancelled (Ctrl-C): ingest and/or API as the settings say."""
+    store = open_store(settings.store)
+    specs = publisher_specs(settings)
+    tasks: list[asyncio.Task[None]] = []
+    fleet = None
+    if settings.demo:
+        from simulator.fleet import SimulatedFleet  # only the demo needs the simulator
+
+        fleet = SimulatedFleet(
+            pods=settings.demo_pods, base_port=settings.demo_base_port, rate=settings.demo_rate
+        )
+        await fleet.start()
+        specs += [
+            PublisherSpec(pod=pod, endpoint=pub, replay_endpoint=replay, topic=settings.topic)
+            for pod, pub, replay in fleet.endpoints()
+        ]
+        tasks.append(asyncio.create_task(fleet.run(), name="demo-fleet"))
+    pool = StreamPool(specs, store) if settings.ingest else None
+    if pool is not None:
+        await pool.start()
+    tasks.append(
+        asyncio.create_task(
+            expire_idle_sessions(
+                store, settings.session_idle_seconds, settings.janitor_interval_seconds
+            ),
+            name="janitor",
+        )
+    )
+    try:
+        if settings.api:
+            await _serve_http(settings, store, on_ready)
+        else:
+            if on_ready is not None:
+                on_ready("")
+            await asyncio.Event().wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if pool is not None:
+            await pool.stop()
+        if fleet is not None:
+            await fleet.stop()
+        await store.close()
+
+
+async def _serve_http(
+    settings: Settings, store: IndexStore, on_ready: Callable[[str], None] | None
+) -> None:
+    app = create_app(store, readiness=readiness_probe(store))
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=None, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(), name="http")
+    # uvicorn offers no "started" event to await; poll its flag briefly at start-up.
+    while not server.started and not serving.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    if server.started and on_ready is not None:
+        sock = server.servers[0].sockets[0].getsockname()
+        on_ready(f"http://{sock[0]}:{sock[1]}")
+    try:
+        await serving
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving

@@ -1,0 +1,105 @@
+"""The one settings object: defaults, a TOML file, `KVSI_*` environment variables, CLI flags.
+
+Imports pydantic only. Precedence: CLI flags > environment > config file > defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class PublisherConfig(BaseModel):
+    """One vLLM KV-event publisher (one pod, one data-parallel rank)."""
+
+    pod: str = Field(min_length=1, max_length=253)
+    """Pod name; the worker is (pod, the batch's data_parallel_rank)."""
+    endpoint: str
+    """ZMQ endpoint of the PUB socket, e.g. tcp://10.0.0.5:5557 or ipc:///tmp/kv.sock."""
+    replay_endpoint: str | None = None
+    """ZMQ endpoint of the replay ROUTER socket, if the engine has one."""
+    dp_rank: int = Field(default=0, ge=0)
+    """Rank assumed until a batch names its own."""
+    topic: str | None = None
+    """Topic prefix filter; None uses the global `topic`."""
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"endpoint {value!r} must start with tcp://, ipc:// or inproc://")
+        return value
+
+
+class Settings(BaseSettings):
+    """Everything `kvsi serve` can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KVSI_",
+        env_nested_delimiter="__",
+        use_attribute_docstrings=True,
+        extra="forbid",
+    )
+
+    store: str = "memory"
+    """Index store: `memory` (embedded) or a Redis URL (redis://, rediss://, redis+cluster://)."""
+    publishers: list[PublisherConfig] = []
+    """vLLM publishers to subscribe to."""
+    topic: str = ""
+    """Default ZMQ topic prefix filter ("" receives every topic)."""
+    host: str = "127.0.0.1"
+    """Address the HTTP API binds."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port the HTTP API binds."""
+    api: bool = True
+    """Serve the HTTP API (off for an ingest-only sidecar)."""
+    ingest: bool = True
+    """Subscribe to publishers (off for an API-only replica)."""
+    session_idle_seconds: float = Field(default=3600.0, gt=0)
+    """Sessions with no resident block are forgotten after this long without a store."""
+    janitor_interval_seconds: float = Field(default=30.0, gt=0)
+    """How often idle sessions are looked for."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log threshold."""
+    log_format: Literal["json", "console"] = "console"
+    """`json` for log shippers, `console` for people."""
+    demo: bool = False
+    """Start a simulated fleet of vLLM pods in-process and subscribe to it."""
+    demo_pods: int = Field(default=3, ge=1, le=64)
+    """Simulated pods in the demo."""
+    demo_rate: float = Field(default=20.0, gt=0)
+    """Batches per second per simulated pod in the demo."""
+    demo_base_port: int = Field(default=0, ge=0, le=65535)
+    """First loopback port of the demo fleet (0: pick free ports)."""
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from the file (if any), the environment and `overrides` (CLI flags)."""
+
+    class _WithFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+            if config_file is not None:
+                sources += (TomlConfigSettingsSource(settings_cls, toml_file=config_file),)
+            return sources
+
+    if config_file is not None and not config_file.is_file():
+        raise FileNotFoundError(f"config file {config_file} does not exist")
+    loaded = _WithFile(**overrides)
+    return Settings.model_validate(loaded.model_dump())

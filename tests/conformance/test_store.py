@@ -1,0 +1,304 @@
+"""Behaviour every IndexStore backend must share (run once per backend)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store.base import IndexStore
+from store.model import (
+    AllCleared,
+    ApplyOutcome,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    Hash,
+    StoreEvent,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+    format_hash,
+)
+from tests.conformance.conftest import StoreFactory
+from tests.conformance.reference import Reference
+
+A = WorkerKey("pod-a", 0)
+B = WorkerKey("pod-b", 1)
+BIG = 2**64 - 59
+DIGEST = bytes(range(32))
+
+
+async def all_pages(fetch: Any, limit: int = 3) -> list[str]:
+    """Walk every page of a hash listing; each hash must come exactly once."""
+    out: list[str] = []
+    cursor = None
+    while True:
+        page = await fetch(limit=limit, cursor=cursor)
+        assert page is not None
+        assert len(page.items) <= limit
+        out.extend(format_hash(h) for h in page.items)
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+async def dump(store: IndexStore) -> dict[str, Any]:
+    """Everything the read side can tell, to compare stores or before/after a replay."""
+    workers = await store.list_workers()
+    sessions = []
+    cursor = None
+    while True:
+        page = await store.list_sessions(pod=None, limit=50, cursor=cursor)
+        sessions.extend(page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    out: dict[str, Any] = {
+        "workers": [(w.pod, w.dp_rank, w.blocks, w.sessions, w.last_seq) for w in workers],
+        "sessions": {},
+    }
+    for s in sessions:
+        view = await store.get_session(s.session_id)
+        assert view is not None
+        out["sessions"][s.session_id] = (
+            view.total_blocks,
+            [(w.pod, w.dp_rank, w.blocks, w.by_medium) for w in view.workers],
+        )
+    for w in workers:
+        out[f"blocks:{w.pod}/{w.dp_rank}"] = sorted(
+            await all_pages(
+                lambda limit, cursor, w=w: store.worker_blocks(
+                    w.pod, dp_rank=w.dp_rank, medium=None, limit=limit, cursor=cursor
+                ),
+                limit=97,
+            )
+        )
+    return out
+
+
+async def apply_twice(store: IndexStore, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+    """Apply, then replay the same batch: the replay must change nothing."""
+    outcome = await store.apply(worker, batch)
+    before = await dump(store)
+    assert await store.apply(worker, batch) is ApplyOutcome.DUPLICATE
+    assert await dump(store) == before
+    return outcome
+
+
+async def test_stored_blocks_form_the_session_residency(store: IndexStore) -> None:
+    batch = Batch(0, 10.0, [BlocksStored([1, BIG, DIGEST], "GPU", 0, "s1")])
+    assert await apply_twice(store, A, batch) is ApplyOutcome.APPLIED
+    view = await store.get_session("s1")
+    assert view is not None
+    assert view.total_blocks == 3
+    assert [(w.pod, w.dp_rank, w.blocks, w.by_medium) for w in view.workers] == [
+        ("pod-a", 0, 3, {"GPU": 3})
+    ]
+    assert view.workers[0].last_seen == 10.0
+    assert await store.get_session("never") is None
+
+
+async def test_removed_block_leaves_every_session_that_held_it(store: IndexStore) -> None:
+    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))
+    await apply_twice(store, A, Batch(1, 2.0, [BlocksStored([2, 3], "GPU", 0, "s2")]))
+    await apply_twice(store, A, Batch(2, 3.0, [BlocksRemoved([2], "GPU", 0)]))
+    s1 = await store.get_session("s1")
+    s2 = await store.get_session("s2")
+    assert s1 is not None and s2 is not None
+    assert (s1.total_blocks, s2.total_blocks) == (1, 1)
+    pages = await all_pages(
+        lambda limit, cursor: store.worker_blocks(
+            "pod-a", dp_rank=None, medium=None, limit=limit, cursor=cursor
+        )
+    )
+    assert pages == ["1", "3"]
+
+
+async def test_removal_is_per_medium_and_group(store: IndexStore) -> None:
+    events: list[StoreEvent] = [
+        BlocksStored([5], "GPU", 0, "s"),
+        BlocksStored([5], "CPU", 0, "s"),
+        BlocksStored([5], "GPU", 1, "s"),
+    ]
+    await apply_twice(store, A, Batch(0, 1.0, events))
+    await apply_twice(store, A, Batch(1, 2.0, [BlocksRemoved([5], "GPU", 0)]))
+    view = await store.get_session("s")
+    assert view is not None
+    assert view.workers[0].by_medium == {"CPU": 1, "GPU": 1}
+    cpu = await store.session_blocks("s", pod=None, medium="CPU", limit=10, cursor=None)
+    assert cpu is not None and cpu.items == [5]
+
+
+async def test_none_medium_and_group_mean_gpu_and_zero(store: IndexStore) -> None:
+    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([9], None, None, "s")]))
+    await apply_twice(store, A, Batch(1, 2.0, [BlocksRemoved([9], "GPU", 0)]))
+    view = await store.get_session("s")
+    assert view is not None and view.total_blocks == 0
+
+
+async def test_storing_again_is_set_semantics(store: IndexStore) -> None:
+    """A reuse report re-announces resident blocks: one removal still removes them."""
+    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))
+    await apply_twice(store, A, Batch(1, 2.0, [BlocksStored([1, 2], "GPU", 0, "s2")]))
+    await apply_twice(store, A, Batch(2, 3.0, [BlocksRemoved([1], "GPU", 0)]))
+    workers = await store.list_workers()
+    assert workers[0].blocks == 1
+    for sid in ("s1", "s2"):
+        view = await store.get_session(sid)
+        assert view is not None and view.total_blocks == 1
+
+
+async def test_all_blocks_cleared_empties_only_that_worker(store: IndexStore) -> None:
+    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await apply_twice(store, B, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await apply_twice(store, A, Batch(1, 2.0, [AllCleared()]))
+    view = await store.get_session("s")
+    assert view is not None
+    assert [(w.pod, w.blocks) for w in view.workers] == [("pod-b", 1)]
+
+
+async def test_blocks_without_session_count_for_the_worker_only(store: IndexStore) -> None:
+    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, None)]))
+    (worker,) = await store.list_workers()
+    assert (worker.blocks, worker.sessions) == (2, 0)
+    page = await store.list_sessions(pod=None, limit=10, cursor=None)
+    assert page.items == []
+
+
+async def test_old_seq_changes_nothing_and_restart_empties_worker(store: IndexStore) -> None:
+    await apply_twice(store, A, Batch(5, 100.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await apply_twice(store, A, Batch(6, 101.0, [BlocksStored([2], "GPU", 0, "s")]))
+    assert await store.apply(A, Batch(5, 100.0, [BlocksRemoved([1])])) is ApplyOutcome.DUPLICATE
+    restarted = Batch(0, 200.0, [BlocksStored([7], "GPU", 0, "t")])
+    assert await store.apply(A, restarted) is ApplyOutcome.RESTARTED
+    stale = Batch(7, 102.0, [BlocksStored([3], "GPU", 0, "s")])
+    assert await store.apply(A, stale) is ApplyOutcome.PREVIOUS_ENGINE
+    s = await store.get_session("s")
+    assert s is not None and s.total_blocks == 0
+    fence = await store.fence(A)
+    assert fence is not None and (fence.seq, fence.epoch_ts) == (0, 200.0)
+
+
+async def test_sessions_listed_most_recent_first_with_cursor(store: IndexStore) -> None:
+    for i in range(7):
+        await store.apply(A, Batch(i, float(i), [BlocksStored([i], "GPU", 0, f"s{i}")]))
+    await store.apply(B, Batch(0, 3.5, [BlocksStored([99], "GPU", 0, "s0")]))
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await store.list_sessions(pod=None, limit=2, cursor=cursor)
+        seen.extend(s.session_id for s in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == ["s6", "s5", "s4", "s0", "s3", "s2", "s1"]
+    only_b = await store.list_sessions(pod="pod-b", limit=10, cursor=None)
+    assert [s.session_id for s in only_b.items] == ["s0"]
+
+
+async def test_status_is_recorded_and_registers_the_worker(store: IndexStore) -> None:
+    await store.set_status(B, WorkerStatus(WorkerState.DEGRADED, 5.0, "gap", 3))
+    (worker,) = await store.list_workers()
+    assert (worker.pod, worker.dp_rank, worker.status.state) == ("pod-b", 1, "degraded")
+    assert worker.status.batches_lost == 3 and worker.last_seq is None
+
+
+async def test_remove_worker_forgets_it(store: IndexStore) -> None:
+    await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.remove_worker(A)
+    assert await store.list_workers() == []
+    view = await store.get_session("s")
+    assert view is None or view.total_blocks == 0
+    assert (
+        await store.worker_blocks("pod-a", dp_rank=None, medium=None, limit=5, cursor=None) is None
+    )
+
+
+async def test_idle_sessions_without_blocks_expire(store: IndexStore) -> None:
+    await store.apply(A, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, "gone")]))
+    await store.apply(A, Batch(1, 11.0, [BlocksStored([2], "GPU", 0, "kept")]))
+    await store.apply(A, Batch(2, 12.0, [BlocksRemoved([1])]))
+    assert await store.expire_sessions(older_than=100.0) == 1
+    assert await store.get_session("gone") is None
+    assert await store.get_session("kept") is not None
+
+
+# -- property: random event sequences against the reference model -------------------------
+
+hashes = st.one_of(
+    st.integers(min_value=0, max_value=12).map(lambda i: (2**64 - 1 - i) if i % 2 else i),
+    st.sampled_from([bytes([i]) * 32 for i in range(3)]),
+)
+events = st.one_of(
+    st.builds(
+        BlocksStored,
+        st.lists(hashes, min_size=1, max_size=5),
+        st.sampled_from(["GPU", "CPU", None]),
+        st.sampled_from([0, 1, None]),
+        st.sampled_from(["s1", "s2", "s3", None]),
+    ),
+    st.builds(
+        BlocksRemoved,
+        st.lists(hashes, min_size=1, max_size=5),
+        st.sampled_from(["GPU", "CPU", None]),
+        st.sampled_from([0, 1, None]),
+    ),
+    st.just(AllCleared()),
+)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from([A, B]),
+        st.integers(min_value=0, max_value=6),
+        st.integers(min_value=0, max_value=6).map(float),
+        st.lists(events, max_size=4),
+    ),
+    max_size=25,
+)
+
+
+def _hash_set(items: set[tuple[str, int, Hash]]) -> list[str]:
+    return sorted({format_hash(h) for _, _, h in items})
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(plan=steps)
+async def test_random_sequences_match_the_reference_model(
+    make_store: StoreFactory, plan: list[tuple[WorkerKey, int, float, list[StoreEvent]]]
+) -> None:
+    store = await make_store()
+    ref = Reference()
+    for worker, seq, ts, evs in plan:
+        batch = Batch(seq, ts, evs)
+        assert (await store.apply(worker, batch)).value == ref.apply(worker, batch)
+    for worker in (A, B):
+        page = await store.worker_blocks(
+            worker.pod, dp_rank=worker.dp_rank, medium=None, limit=1000, cursor=None
+        )
+        expected = _hash_set(ref.entries.get(worker, set()))
+        got = sorted(format_hash(h) for h in page.items) if page else []
+        assert got == expected
+    for sid in ("s1", "s2", "s3"):
+        view = await store.get_session(sid)
+        want = ref.session_blocks(sid)
+        if sid not in ref.seen_sessions:
+            assert view is None
+            continue
+        assert view is not None
+        got_workers = {WorkerKey(w.pod, w.dp_rank): w for w in view.workers}
+        assert set(got_workers) == set(want)
+        for worker, held in want.items():
+            by_medium: dict[str, int] = {}
+            for medium, _, _ in held:
+                by_medium[medium] = by_medium.get(medium, 0) + 1
+            assert got_workers[worker].blocks == len(held)
+            assert got_workers[worker].by_medium == by_medium
+            page = await store.session_blocks(
+                sid, pod=worker.pod, medium=None, limit=1000, cursor=None
+            )
+            assert page is not None
+            assert sorted(format_hash(h) for h in page.items) == _hash_set(held)
+        assert view.total_blocks == sum(len(h) for h in want.values())
