@@ -70,3 +70,7 @@ class Reference:
 
     def session_blocks(self, session_id: str) -> dict[WorkerKey, set[Entry]]:
         return {w: held for (s, w), held in self.residency.items() if s == session_id and held}
+
+
+def _keys(event: BlocksStored | BlocksRemoved) -> set[Entry]:
+    return {(event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes}

@@ -16,10 +16,15 @@ from tests.paths import WIRE
 INDEX = {entry["release"]: entry for entry in json.loads((WIRE / "index.json").read_text())}
 
 
+def _release_cases(release: str) -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads((WIRE / release / "cases.json").read_text())["cases"]
+    return cases
+
+
 def _cases() -> list[Any]:
     out = []
     for release in sorted(INDEX):
-        for case in json.loads((WIRE / release / "cases.json").read_text())["cases"]:
+        for case in _release_cases(release):
             out.append(pytest.param(release, case, id=f"{release}/{case['scenario']}"))
     return out
 
