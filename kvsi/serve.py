@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 import uvicorn
@@ -63,23 +64,24 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     """Run until cancelled (Ctrl-C): ingest and/or API as the settings say."""
     store = open_store(settings.store)
     specs = publisher_specs(settings)
-    tasks: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[Any]] = []
     fleet = None
     if settings.demo:
         from simulator.fleet import SimulatedFleet  # only the demo needs the simulator
 
         fleet = SimulatedFleet(
-            pods=settings.demo_pods, base_port=settings.demo_base_port, rate=settings.demo_rate
+            pods=settings.demo_pods, base_port=settings.demo_base_port, sessions=40
         )
         await fleet.start()
         specs += [
             PublisherSpec(pod=pod, endpoint=pub, replay_endpoint=replay, topic=settings.topic)
             for pod, pub, replay in fleet.endpoints()
         ]
-        tasks.append(asyncio.create_task(fleet.run(), name="demo-fleet"))
     pool = StreamPool(specs, store) if settings.ingest else None
     if pool is not None:
         await pool.start()
+    if fleet is not None:
+        tasks.append(fleet.run_in_background(settings.demo_rate))
     tasks.append(
         asyncio.create_task(
             expire_idle_sessions(
@@ -102,7 +104,8 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         if pool is not None:
             await pool.stop()
         if fleet is not None:
-            await fleet.stop()
+            fleet.stop()
+            await fleet.close()
         await store.close()
 
 

@@ -20,8 +20,8 @@ from pydantic_settings import (
 class PublisherConfig(BaseModel):
     """One vLLM KV-event publisher (one pod, one data-parallel rank)."""
 
-    pod: str = Field(min_length=1, max_length=253)
-    """Pod name; the worker is (pod, the batch's data_parallel_rank)."""
+    pod: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    """Pod name (a Kubernetes name, as the API accepts); the worker is (pod, the batch's rank)."""
     endpoint: str
     """ZMQ endpoint of the PUB socket, e.g. tcp://10.0.0.5:5557 or ipc:///tmp/kv.sock."""
     replay_endpoint: str | None = None

@@ -7,6 +7,7 @@ text form, so a page stays correct while the collection changes between calls.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 
 from store.model import Hash, InvalidCursorError, Page, SessionSummary, format_hash, parse_hash
@@ -46,7 +47,10 @@ def decode_session_cursor(cursor: str) -> tuple[float, str]:
     try:
         if not sep:
             raise ValueError("missing '|'")
-        return (-float(seen), session_id)
+        value = float(seen)
+        if not math.isfinite(value):
+            raise ValueError("not a finite time")
+        return (-value, session_id)
     except ValueError as exc:
         raise InvalidCursorError(f"cursor {cursor!r} is not a session cursor: {exc}") from None
 

@@ -1,0 +1,133 @@
+"""Request parameter rules shared by the routes: path names, filters, paging.
+
+Imports neither zmq nor subscriber/. Each rule lives here once, so OpenAPI, validation and
+the error text (api.errors) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from fastapi import Path
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SESSION_ID_PATTERN = r"^[\x21-\x2E\x30-\x7E]{1,256}$"
+"""Printable ASCII without whitespace or '/': a '/' (even as %2F) would split the URL path."""
+
+POD_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object name (RFC 1123 subdomain), at most 253 characters."""
+
+MEDIUM_PATTERN = r"^[A-Z][A-Z0-9_]{0,31}$"
+"""vLLM's media (GPU, CPU, DISK, STORAGE...) and any future short uppercase word."""
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+"""Bounds one response: a router asking for "everything" gets pages, not a huge body."""
+
+MAX_CURSOR = 512
+"""Cursors the store hands out are a hash or a timestamp and id; anything longer is not one."""
+
+RULES: dict[str, str] = {
+    "session_id": "must be 1..256 printable ASCII characters without whitespace or '/'",
+    "pod": "must be a Kubernetes name: 1..253 of a-z, 0-9, '-', '.', "
+    "starting and ending with a letter or digit",
+    "medium": "must be an uppercase medium such as GPU, CPU, DISK or STORAGE "
+    "(A-Z first, then up to 31 of A-Z, 0-9, '_')",
+}
+"""Human text for a pattern mismatch, by parameter name (a regex alone is a poor error)."""
+
+SessionId = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=256,
+        pattern=SESSION_ID_PATTERN,
+        description="The session id vLLM echoed on BlockStored. " + RULES["session_id"] + ".",
+        examples=["sess-A"],
+    ),
+]
+
+PodName = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=253,
+        pattern=POD_PATTERN,
+        description="Pod name. " + RULES["pod"] + ".",
+        examples=["vllm-0"],
+    ),
+]
+
+
+def _pod_filter(description: str) -> Any:
+    return Field(None, min_length=1, max_length=253, pattern=POD_PATTERN, description=description)
+
+
+def _medium_filter() -> Any:
+    return Field(
+        None, pattern=MEDIUM_PATTERN, description="Only blocks on this medium (GPU, CPU, ...)."
+    )
+
+
+def _limit() -> Any:
+    return Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description="Items per page.")
+
+
+def _cursor() -> Any:
+    return Field(
+        None,
+        min_length=1,
+        max_length=MAX_CURSOR,
+        description="`next_cursor` of the previous page; omit for the first page.",
+    )
+
+
+class _QueryParams(BaseModel):
+    """Query parameters of one endpoint; a name it does not know is an error, not ignored.
+
+    A silently ignored typo (`?pods=vllm-0`) would return unfiltered results that a router
+    takes for filtered ones.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names_only(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            if unknown:
+                allowed = ", ".join(sorted(cls.model_fields))
+                raise ValueError(
+                    f"unknown query parameter {', '.join(map(repr, unknown))}; allowed: {allowed}"
+                )
+        return data
+
+
+class SessionBlocksQuery(_QueryParams):
+    """Filters and paging of a session's block hashes."""
+
+    pod: str | None = _pod_filter("Only blocks resident on this pod (all its ranks).")
+    medium: str | None = _medium_filter()
+    limit: int = _limit()
+    cursor: str | None = _cursor()
+
+
+class SessionListQuery(_QueryParams):
+    """Filter and paging of the session list."""
+
+    pod: str | None = _pod_filter("Only sessions with blocks resident on this pod.")
+    limit: int = _limit()
+    cursor: str | None = _cursor()
+
+
+class PodBlocksQuery(_QueryParams):
+    """Filters and paging of a pod's block hashes."""
+
+    dp_rank: int | None = Field(
+        None, ge=0, description="Only this data-parallel rank; all ranks when omitted."
+    )
+    medium: str | None = _medium_filter()
+    limit: int = _limit()
+    cursor: str | None = _cursor()

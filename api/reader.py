@@ -1,0 +1,99 @@
+"""The API's read-only door to the index store, and how store failures become HTTP errors.
+
+Imports neither zmq nor subscriber/. Routes get an IndexReader, never the store itself, so
+no route can write the index (DESIGN: the API never writes) and no route forgets to turn a
+store outage into a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar, cast
+
+from fastapi import HTTPException, Request
+
+from store.base import IndexStore
+from store.model import (
+    Hash,
+    InvalidCursorError,
+    Page,
+    SessionSummary,
+    SessionView,
+    WorkerView,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class IndexReader:
+    """The store's read methods: a bad cursor -> 400, any other failure -> 503, logged.
+
+    A Redis outage surfaces here as ConnectionError or TimeoutError; callers (routers) should
+    see "try later" (503), not a 500 that reads like a bug in this service.
+    """
+
+    def __init__(self, store: IndexStore) -> None:
+        self._store = store
+
+    async def _call(self, method: str, pending: Awaitable[T]) -> T:
+        try:
+            return await pending
+        except InvalidCursorError as exc:
+            raise HTTPException(status_code=400, detail=str(exc)) from exc
+        except Exception as exc:
+            log.error(
+                "index store call failed",
+                exc_info=exc,
+                extra={"store_method": method, "error": type(exc).__name__},
+            )
+            raise HTTPException(
+                status_code=503,
+                detail=f"index store unavailable: {type(exc).__name__}: {exc}",
+            ) from exc
+
+    async def get_session(self, session_id: str) -> SessionView | None:
+        return await self._call("get_session", self._store.get_session(session_id))
+
+    async def session_blocks(
+        self,
+        session_id: str,
+        *,
+        pod: str | None,
+        medium: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[Hash] | None:
+        return await self._call(
+            "session_blocks",
+            self._store.session_blocks(
+                session_id, pod=pod, medium=medium, limit=limit, cursor=cursor
+            ),
+        )
+
+    async def list_sessions(
+        self, *, pod: str | None, limit: int, cursor: str | None
+    ) -> Page[SessionSummary]:
+        return await self._call(
+            "list_sessions", self._store.list_sessions(pod=pod, limit=limit, cursor=cursor)
+        )
+
+    async def list_workers(self) -> list[WorkerView]:
+        return await self._call("list_workers", self._store.list_workers())
+
+    async def worker_blocks(
+        self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None
+    ) -> Page[Hash] | None:
+        return await self._call(
+            "worker_blocks",
+            self._store.worker_blocks(
+                pod, dp_rank=dp_rank, medium=medium, limit=limit, cursor=cursor
+            ),
+        )
+
+
+def get_reader(request: Request) -> IndexReader:
+    """FastAPI dependency: the reader create_app put on app.state (overridable in tests)."""
+    return cast(IndexReader, request.app.state.reader)

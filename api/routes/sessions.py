@@ -1,0 +1,109 @@
+"""Sessions: where a session's working memory lives, its block hashes, the session list.
+
+Imports neither zmq nor subscriber/; reads the store through api.reader only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+
+from api.params import SessionBlocksQuery, SessionId, SessionListQuery
+from api.reader import IndexReader, get_reader
+from api.schemas import (
+    BlockPage,
+    ErrorResponse,
+    SessionList,
+    SessionPod,
+    SessionResponse,
+    SessionSummary,
+)
+from store.model import format_hash
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+Reader = Annotated[IndexReader, Depends(get_reader)]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "A bad parameter or cursor."},
+    503: {"model": ErrorResponse, "description": "The index store is unavailable."},
+}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "Session never seen, or aged out."}
+}
+
+
+def _not_found(session_id: str) -> HTTPException:
+    return HTTPException(
+        status_code=404, detail=f"session {session_id!r} not found (never seen, or aged out)"
+    )
+
+
+@router.get("", responses=_ERRORS)
+async def list_sessions(reader: Reader, query: Annotated[SessionListQuery, Query()]) -> SessionList:
+    """Sessions, most recently seen first; with `pod`, only those resident on that pod.
+
+    A session whose blocks were all evicted stays listed (with 0 blocks) until it ages out,
+    unless `pod` is given.
+    """
+    page = await reader.list_sessions(pod=query.pod, limit=query.limit, cursor=query.cursor)
+    return SessionList(
+        sessions=[
+            SessionSummary(
+                session_id=s.session_id, blocks=s.blocks, pods=s.workers, last_seen=s.last_seen
+            )
+            for s in page.items
+        ],
+        next_cursor=page.next_cursor,
+    )
+
+
+@router.get("/{session_id}", responses=_ERRORS | _NOT_FOUND)
+async def get_session(session_id: SessionId, reader: Reader) -> SessionResponse:
+    """Where the session's blocks are resident now, worker by worker, most blocks first.
+
+    Each worker carries its stream `state`: counts from a worker that is not `live` (a gap
+    that replay could not repair, a disconnect) may be stale, and a router should say so
+    rather than trust them.
+    """
+    view = await reader.get_session(session_id)
+    if view is None:
+        raise _not_found(session_id)
+    # One list_workers call, after the 404 check so unknown sessions cost one store call.
+    states = {(w.pod, w.dp_rank): w.status.state for w in await reader.list_workers()}
+    return SessionResponse(
+        session_id=view.session_id,
+        total_blocks=view.total_blocks,
+        last_seen=view.last_seen,
+        pods=[
+            SessionPod(
+                pod=w.pod,
+                dp_rank=w.dp_rank,
+                blocks=w.blocks,
+                by_medium=w.by_medium,
+                last_seen=w.last_seen,
+                state=states.get((w.pod, w.dp_rank)),
+            )
+            for w in view.workers
+        ],
+    )
+
+
+@router.get("/{session_id}/blocks", responses=_ERRORS | _NOT_FOUND)
+async def session_blocks(
+    session_id: SessionId, reader: Reader, query: Annotated[SessionBlocksQuery, Query()]
+) -> BlockPage:
+    """Distinct block hashes resident for the session, in hash order, one page at a time.
+
+    Integer hashes sort numerically before byte digests. A cursor stays valid while the
+    index changes: the next page starts after the last hash returned.
+    """
+    page = await reader.session_blocks(
+        session_id, pod=query.pod, medium=query.medium, limit=query.limit, cursor=query.cursor
+    )
+    if page is None:
+        raise _not_found(session_id)
+    return BlockPage(
+        block_hashes=[format_hash(h) for h in page.items], next_cursor=page.next_cursor
+    )

@@ -1,0 +1,114 @@
+"""JSON bodies of every response: the contract routers and dashboards code against.
+
+Imports neither zmq nor subscriber/. Block hashes are always strings (`store.model.format_hash`):
+vLLM's u64 hashes exceed 2^53, where JavaScript numbers lose precision. Timestamps are Unix
+seconds as floats; `last_seen` is the engine's clock (the batch timestamp), the others this
+service's clock.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from store.model import WorkerState
+
+
+class ErrorResponse(BaseModel):
+    """Every error, whatever its status: one human-readable sentence saying what is wrong."""
+
+    detail: str = Field(examples=["session 'sess-A' not found (never seen, or aged out)"])
+
+
+class SessionPod(BaseModel):
+    """A session's residency on one worker (pod, data-parallel rank)."""
+
+    pod: str
+    dp_rank: int
+    blocks: int = Field(description="Distinct entries of the session resident on this worker.")
+    by_medium: dict[str, int] = Field(
+        description='`blocks` split by medium, e.g. {"GPU": 12, "CPU": 3}.'
+    )
+    last_seen: float = Field(
+        description="Engine timestamp (Unix seconds) of the session's last store here."
+    )
+    state: WorkerState | None = Field(
+        description="The worker's stream state; only `live` means the counts are exact. "
+        "null if the worker was removed while the request ran."
+    )
+
+
+class SessionResponse(BaseModel):
+    """Where a session's working memory lives now, most blocks first."""
+
+    session_id: str
+    total_blocks: int = Field(description="Sum of `blocks` over `pods`.")
+    last_seen: float = Field(description="Engine timestamp (Unix seconds) of the last store.")
+    pods: list[SessionPod] = Field(
+        description="One item per worker holding at least one block of the session."
+    )
+
+
+class BlockPage(BaseModel):
+    """One page of distinct block hashes, in the store's hash order."""
+
+    block_hashes: list[str] = Field(
+        description="Decimal for integer hashes, `0x` + lowercase hex for byte digests.",
+        examples=[["18446744073709551557", "0x00ff"]],
+    )
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at end.")
+
+
+class SessionSummary(BaseModel):
+    """A line of the session list."""
+
+    session_id: str
+    blocks: int = Field(description="Resident blocks (on the filtered pod if `pod` was given).")
+    pods: int = Field(description="Number of workers (pod, dp_rank) holding any of its blocks.")
+    last_seen: float = Field(description="Engine timestamp (Unix seconds) of the last store.")
+
+
+class SessionList(BaseModel):
+    """One page of sessions, most recently seen first."""
+
+    sessions: list[SessionSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at end.")
+
+
+class PodWorker(BaseModel):
+    """One worker (pod, data-parallel rank): its counts and how far they can be trusted."""
+
+    pod: str
+    dp_rank: int
+    blocks: int = Field(description="Entries resident on the worker, every medium and group.")
+    sessions: int = Field(description="Sessions with at least one block on the worker.")
+    last_seq: int | None = Field(description="Seq of the last applied batch; null before one.")
+    state: WorkerState = Field(description="Only `live` means the worker's index is exact.")
+    state_since: float = Field(description="When the worker entered `state` (Unix seconds).")
+    state_detail: str = Field(description="Why the worker is in `state`, if not live.")
+    batches_lost: int = Field(description="Batches missed and not repaired by replay.")
+    last_event_at: float | None = Field(
+        description="When this service last applied a batch of the worker (Unix seconds)."
+    )
+
+
+class PodList(BaseModel):
+    """Every known worker, ordered by pod then rank."""
+
+    pods: list[PodWorker]
+
+
+class Health(BaseModel):
+    """Liveness: the process serves HTTP."""
+
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    """Readiness: `ready`, or `not ready` with the reasons (a 503)."""
+
+    status: Literal["ready", "not ready"]
+    reasons: list[str] | None = Field(
+        default=None, description="Present only when not ready: what is missing."
+    )

@@ -1,0 +1,212 @@
+"""One simulated vLLM worker's prefix-cached block pool, emitting 0.33's KV events.
+
+Imports no zmq, no asyncio, nothing from store/ or api/: pure state, so tests and benchmarks
+drive it synchronously and compare the index against its truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+"""vLLM's NONE_HASH seed for sha256 when PYTHONHASHSEED is unset (the common deployment)."""
+
+_PICKLE_PROTOCOL = 5
+"""vLLM hashes pickle protocol 5 payloads; a different protocol gives different hashes."""
+
+
+class BlockHash(NamedTuple):
+    """A block's chained digest and the u64 that KV events carry for it."""
+
+    digest: bytes
+    external: int
+
+
+def none_hash(seed: int | str | None = None) -> bytes:
+    """The parent digest of a request's first block.
+
+    `seed` plays vLLM's PYTHONHASHSEED: None is the unset default, shared by every engine of
+    a deployment, so equal prompts hash equally on every pod (what prefix-aware routers need).
+    """
+    text = DEFAULT_NONE_HASH_SEED if seed is None else str(seed)
+    return hashlib.sha256(pickle.dumps(text, protocol=_PICKLE_PROTOCOL)).digest()
+
+
+def chain_block_hashes(token_ids: Sequence[int], block_size: int, parent: bytes) -> list[BlockHash]:
+    """Hashes of the full blocks of `token_ids`, chained from `parent` (vLLM's sha256 scheme).
+
+    Written from shared/vllm-wire/HASHING.md (sha256, no extra keys): each digest covers the
+    whole prefix, and the event value is its last 8 bytes big-endian, so hashes span the full
+    u64 range and equal real vLLM's for the same tokens and seed.
+    """
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        block = tuple(token_ids[start : start + block_size])
+        payload = pickle.dumps((parent, block, None), protocol=_PICKLE_PROTOCOL)
+        parent = hashlib.sha256(payload).digest()
+        hashes.append(BlockHash(parent, int.from_bytes(parent[-8:], "big")))
+    return hashes
+
+
+class SimulatedEngine:
+    """A worker's KV cache manager: a block pool with prefix hits and LRU eviction.
+
+    Requests are instantaneous (prefill, generate, finish in one call), so between calls no
+    block is referenced and every block is evictable; during a call the request's own blocks
+    are pinned. Truth is derived from the emitted events by DESIGN.md's rules, so a correct
+    index fed the same events must agree with `resident()` and `session_residency()`.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        seed: int | str | None = None,
+        report_mode_full: bool = True,
+        medium: str = "GPU",
+    ) -> None:
+        """`seed` is the PYTHONHASHSEED analogue (None: vLLM's default NONE_HASH).
+
+        `report_mode_full` mirrors kv_cache_report_mode="full": prefix hits are re-announced
+        with the requesting session, which is what gives a session its share of a system prompt.
+        """
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.report_mode_full = report_mode_full
+        self.medium = medium
+        self._none_hash = none_hash(seed)
+        # Oldest first: eviction takes from the front, like vLLM's free block queue.
+        self._pool: OrderedDict[int, None] = OrderedDict()
+        self._sessions: dict[str, set[int]] = {}
+        # Reverse map (block -> sessions) so a removal reaches every holder in O(holders).
+        self._holders: dict[int, set[str]] = {}
+
+    def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
+        """The event hashes this engine gives the full blocks of `token_ids`."""
+        return [h.external for h in chain_block_hashes(token_ids, self.block_size, self._none_hash)]
+
+    def run_request(self, session_id: str | None, token_ids: Sequence[int]) -> list[KVCacheEvent]:
+        """Serve one request and return the events vLLM would publish for it, in order.
+
+        Order: the reuse report of the prefix hit (report mode "full"), one BlockRemoved per
+        evicted block (vLLM evicts block by block while allocating), then one BlockStored for
+        the newly cached blocks. A block found resident after the first miss (same prefix,
+        cached by another path) is stored again: set semantics, no second copy is modelled.
+        Raises ValueError if the request has more full blocks than the pool holds.
+        """
+        hashes = chain_block_hashes(token_ids, self.block_size, self._none_hash)
+        if len(hashes) > self.num_blocks:
+            raise ValueError(
+                f"request needs {len(hashes)} blocks, the pool holds {self.num_blocks}"
+            )
+        size = self.block_size
+        hit = 0
+        while hit < len(hashes) and hashes[hit].external in self._pool:
+            hit += 1
+        events: list[KVCacheEvent] = []
+        if hit and self.report_mode_full:
+            events.append(self._stored(session_id, hashes[:hit], None, token_ids[: hit * size]))
+        new = hashes[hit:]
+        pinned = {h.external for h in hashes}
+        missing = sum(1 for h in new if h.external not in self._pool)
+        events.extend(self._evict(len(self._pool) + missing - self.num_blocks, pinned))
+        if new:
+            parent = hashes[hit - 1].external if hit else None
+            tokens = token_ids[hit * size : len(hashes) * size]
+            events.append(self._stored(session_id, new, parent, tokens))
+        # vLLM frees a finished request's blocks tail first, so its prefix is evicted last.
+        for h in reversed(hashes):
+            self._pool[h.external] = None
+            self._pool.move_to_end(h.external)
+        self._apply_truth(events)
+        return events
+
+    def reset(self) -> list[KVCacheEvent]:
+        """Drop every block (vLLM's reset_prefix_cache); one AllBlocksCleared."""
+        self._pool.clear()
+        events: list[KVCacheEvent] = [AllBlocksCleared()]
+        self._apply_truth(events)
+        return events
+
+    def resident(self) -> set[int]:
+        """Hashes in the pool now: what a correct index holds for this worker."""
+        return set(self._pool)
+
+    def session_residency(self) -> dict[str, set[int]]:
+        """Per session, its blocks on this worker as DESIGN.md defines session residency.
+
+        Listed by a BlockStored with that session (store or reuse report), minus those removed
+        since; a reset empties all. Sessions left with no block are omitted.
+        """
+        return {sid: set(blocks) for sid, blocks in self._sessions.items() if blocks}
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool holding cached blocks."""
+        return len(self._pool) / self.num_blocks
+
+    def _stored(
+        self,
+        session_id: str | None,
+        hashes: Sequence[BlockHash],
+        parent: int | None,
+        token_ids: Sequence[int],
+    ) -> BlockStored:
+        return BlockStored(
+            block_hashes=[h.external for h in hashes],
+            parent_block_hash=parent,
+            token_ids=list(token_ids),
+            block_size=self.block_size,
+            lora_id=None,
+            medium=self.medium,
+            lora_name=None,
+            session_id=session_id,
+        )
+
+    def _evict(self, count: int, pinned: set[int]) -> Iterable[KVCacheEvent]:
+        """Evict `count` least recently used unpinned blocks, one BlockRemoved each."""
+        if count <= 0:
+            return []
+        victims: list[int] = []
+        for block in self._pool:
+            if block not in pinned:
+                victims.append(block)
+                if len(victims) == count:
+                    break
+        for block in victims:
+            del self._pool[block]
+        return [BlockRemoved(block_hashes=[block], medium=self.medium) for block in victims]
+
+    def _apply_truth(self, events: Iterable[KVCacheEvent]) -> None:
+        """Session residency from the events alone, exactly as the index must derive it."""
+        for event in events:
+            if isinstance(event, BlockStored):
+                if event.session_id is None:
+                    continue
+                owned = self._sessions.setdefault(event.session_id, set())
+                for block in event.block_hashes:
+                    assert isinstance(block, int)
+                    owned.add(block)
+                    self._holders.setdefault(block, set()).add(event.session_id)
+            elif isinstance(event, BlockRemoved):
+                for block in event.block_hashes:
+                    assert isinstance(block, int)
+                    for sid in self._holders.pop(block, ()):
+                        owned = self._sessions[sid]
+                        owned.discard(block)
+                        if not owned:
+                            del self._sessions[sid]
+            else:
+                self._sessions.clear()
+                self._holders.clear()

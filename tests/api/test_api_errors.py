@@ -1,0 +1,102 @@
+"""A failing store becomes a logged 503 "index store unavailable", never a 500."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from store.memory import MemoryStore
+from store.model import (
+    Batch,
+    BlocksStored,
+    Hash,
+    Page,
+    SessionSummary,
+    SessionView,
+    WorkerKey,
+    WorkerView,
+)
+from tests.api.harness import client_over, get_json
+
+
+class DownStore(MemoryStore):
+    """Every read fails the way redis-py does when the server is gone."""
+
+    async def get_session(self, session_id: str) -> SessionView | None:
+        raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+
+    async def session_blocks(
+        self,
+        session_id: str,
+        *,
+        pod: str | None,
+        medium: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[Hash] | None:
+        raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+
+    async def list_sessions(
+        self, *, pod: str | None, limit: int, cursor: str | None
+    ) -> Page[SessionSummary]:
+        raise TimeoutError("Timeout reading from redis:6379")
+
+    async def list_workers(self) -> list[WorkerView]:
+        raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+
+    async def worker_blocks(
+        self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None
+    ) -> Page[Hash] | None:
+        raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+
+
+@pytest.mark.parametrize(
+    ("url", "detail"),
+    [
+        ("/v1/sessions/s", "index store unavailable: ConnectionError: Error 111"),
+        ("/v1/sessions/s/blocks", "index store unavailable: ConnectionError: Error 111"),
+        ("/v1/sessions", "index store unavailable: TimeoutError: Timeout reading"),
+        ("/v1/pods", "index store unavailable: ConnectionError: Error 111"),
+        ("/v1/pods/vllm-0/blocks", "index store unavailable: ConnectionError: Error 111"),
+    ],
+)
+async def test_store_failure_is_503_and_logged(
+    caplog: pytest.LogCaptureFixture, url: str, detail: str
+) -> None:
+    caplog.set_level(logging.ERROR, logger="api.reader")
+    async with client_over(DownStore()) as client:
+        body = await get_json(client, url, status=503)
+
+    assert body["detail"].startswith(detail)
+    [record] = caplog.records
+    assert record.message == "index store call failed" and record.exc_info is not None
+
+
+async def test_session_view_is_503_when_the_worker_states_cannot_be_read() -> None:
+    class StatesDown(MemoryStore):
+        async def list_workers(self) -> list[WorkerView]:
+            raise ConnectionError("gone")
+
+    store = StatesDown()
+    await store.apply(WorkerKey("p", 0), Batch(1, 1.0, [BlocksStored([1], session_id="s")]))
+    async with client_over(store) as client:
+        body = await get_json(client, "/v1/sessions/s", status=503)
+
+    assert body == {"detail": "index store unavailable: ConnectionError: gone"}
+
+
+async def test_liveness_does_not_touch_the_store() -> None:
+    async with client_over(DownStore()) as client:
+        assert await get_json(client, "/healthz") == {"status": "ok"}
+
+
+async def test_bad_cursor_is_not_logged_as_a_store_failure(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="api.reader")
+
+    await get_json(client, "/v1/sessions?cursor=nope", status=400)
+
+    assert caplog.records == []

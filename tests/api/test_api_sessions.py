@@ -1,0 +1,201 @@
+"""Session endpoints over a real MemoryStore: residency numbers, states, 404s, paging."""
+
+from __future__ import annotations
+
+import httpx
+
+from store.memory import MemoryStore
+from store.model import (
+    AllCleared,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+    WorkerView,
+    format_hash,
+)
+from tests.api.harness import (
+    BIG,
+    DIGESTS,
+    Feed,
+    client_over,
+    collect_pages,
+    get_json,
+    hash_numbers_in,
+)
+
+A = WorkerKey("vllm-0", 0)
+B = WorkerKey("vllm-1", 0)
+B1 = WorkerKey("vllm-1", 1)
+
+
+async def test_session_view_counts_residency_per_worker_and_medium(
+    client: httpx.AsyncClient, feed: Feed, store: MemoryStore
+) -> None:
+    await feed(
+        A,
+        100.0,
+        BlocksStored([1, 2, 3], session_id="sess-A"),
+        BlocksStored([4], medium="CPU", session_id="sess-A"),
+    )
+    # Evicting 2 from GPU removes it; evicting 1 from CPU (where it never was) does not.
+    await feed(A, 101.0, BlocksRemoved([2]), BlocksRemoved([1], medium="CPU"))
+    await feed(B, 102.0, BlocksStored([10, 11], session_id="sess-A"), AllCleared())
+    await feed(B, 103.0, BlocksStored([12], session_id="sess-A"))
+    await store.set_status(B, WorkerStatus(state=WorkerState.DEGRADED, since=5.0, detail="gap"))
+
+    body = await get_json(client, "/v1/sessions/sess-A")
+
+    assert body == {
+        "session_id": "sess-A",
+        "total_blocks": 4,
+        "last_seen": 103.0,
+        "pods": [
+            {
+                "pod": "vllm-0",
+                "dp_rank": 0,
+                "blocks": 3,
+                "by_medium": {"GPU": 2, "CPU": 1},
+                "last_seen": 100.0,
+                "state": "connecting",
+            },
+            {
+                "pod": "vllm-1",
+                "dp_rank": 0,
+                "blocks": 1,
+                "by_medium": {"GPU": 1},
+                "last_seen": 103.0,
+                "state": "degraded",
+            },
+        ],
+    }
+
+
+async def test_session_with_every_block_evicted_is_found_with_zero_blocks(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 100.0, BlocksStored([1, 2], session_id="s"))
+    await feed(A, 101.0, BlocksRemoved([1, 2]))
+
+    body = await get_json(client, "/v1/sessions/s")
+
+    assert (body["total_blocks"], body["pods"], body["last_seen"]) == (0, [], 100.0)
+
+
+async def test_session_state_is_null_for_a_worker_removed_while_the_request_ran() -> None:
+    class WorkerGone(MemoryStore):
+        async def list_workers(self) -> list[WorkerView]:
+            return []
+
+    store = WorkerGone()
+    await store.apply(A, Batch(seq=1, ts=1.0, events=[BlocksStored([1], session_id="s")]))
+
+    async with client_over(store) as client:
+        body = await get_json(client, "/v1/sessions/s")
+
+    assert body["pods"][0]["state"] is None
+
+
+async def test_unknown_session_is_404_with_its_id_in_the_detail(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 1.0, BlocksStored([1], session_id="known"))
+
+    for url in ("/v1/sessions/nobody", "/v1/sessions/nobody/blocks"):
+        body = await get_json(client, url, status=404)
+        assert body == {"detail": "session 'nobody' not found (never seen, or aged out)"}
+
+
+async def test_typical_session_ids_are_accepted(client: httpx.AsyncClient, feed: Feed) -> None:
+    ids = ["sess-A", "3f2b8c1e-9d4a-4e0b-8f6a-2c1d0e9b7a65", "user:42@tenant+x=y", "a.b_c~!*"]
+    for sid in ids:
+        await feed(A, 1.0, BlocksStored([1], session_id=sid))
+
+    for sid in ids:
+        body = await get_json(client, f"/v1/sessions/{sid}")
+        assert body["session_id"] == sid
+
+
+async def test_session_blocks_page_through_every_hash_exactly_once_as_strings(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    # Overlapping stores on two workers: the session's distinct hashes, each once.
+    await feed(A, 1.0, BlocksStored([*BIG[:200], *DIGESTS[:40]], session_id="big"))
+    await feed(B, 2.0, BlocksStored([*BIG[150:], *DIGESTS[20:]], session_id="big"))
+    await feed(B, 3.0, BlocksStored([*BIG, *DIGESTS], session_id="other"))
+    expected = [format_hash(h) for h in sorted(BIG)] + [format_hash(d) for d in sorted(DIGESTS)]
+
+    hashes, pages = await collect_pages(client, "/v1/sessions/big/blocks", "block_hashes", 7)
+
+    assert hashes == expected  # ints numerically first, then digests, no repeats
+    assert pages == -(-len(expected) // 7)
+    assert all(isinstance(h, str) for h in hashes)
+    assert hashes[0] == str(min(BIG)) and hashes[-1] == "0x" + "3b" * 32
+
+
+async def test_session_blocks_filter_by_pod_and_medium(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 1.0, BlocksStored([1, 2], session_id="s"))
+    await feed(A, 2.0, BlocksStored([3], medium="CPU", session_id="s"))
+    await feed(B1, 3.0, BlocksStored([4], medium="CPU", session_id="s"))
+
+    on_a = await get_json(client, "/v1/sessions/s/blocks?pod=vllm-0")
+    cpu = await get_json(client, "/v1/sessions/s/blocks?medium=CPU")
+    cpu_b = await get_json(client, "/v1/sessions/s/blocks?pod=vllm-1&medium=CPU")
+    disk = await get_json(client, "/v1/sessions/s/blocks?medium=DISK")
+
+    assert on_a == {"block_hashes": ["1", "2", "3"], "next_cursor": None}
+    assert cpu["block_hashes"] == ["3", "4"]
+    assert cpu_b["block_hashes"] == ["4"]
+    assert disk == {"block_hashes": [], "next_cursor": None}
+
+
+async def test_block_hashes_are_never_json_numbers(client: httpx.AsyncClient, feed: Feed) -> None:
+    await feed(A, 1.0, BlocksStored([*BIG[:50]], session_id="s"))
+
+    for url in ("/v1/sessions/s/blocks?limit=10", "/v1/pods/vllm-0/blocks?limit=10"):
+        response = await client.get(url)
+        body = response.json()
+        assert len(body["block_hashes"]) == 10
+        assert hash_numbers_in(response.text) == []
+        assert f'"{BIG[49]}"' in response.text  # the smallest, quoted
+
+
+async def test_session_list_pages_most_recent_first_each_once(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    for i in range(23):
+        # Pairs share a timestamp: ties are broken by session id, and paging must not skip.
+        await feed(A, float(i // 2), BlocksStored([i], session_id=f"s{i:02d}"))
+    await feed(B, 50.0, BlocksStored([100, 101], session_id="s00"))
+
+    sessions, pages = await collect_pages(client, "/v1/sessions", "sessions", 4)
+
+    ids = [s["session_id"] for s in sessions]
+    assert len(ids) == len(set(ids)) == 23
+    assert pages == 6
+    assert sessions[0] == {"session_id": "s00", "blocks": 3, "pods": 2, "last_seen": 50.0}
+    seen = [s["last_seen"] for s in sessions]
+    assert seen == sorted(seen, reverse=True)
+    assert ids[1:6] == ["s22", "s20", "s21", "s18", "s19"]  # ties by session id
+
+
+async def test_session_list_filtered_by_pod_counts_only_that_pod(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 1.0, BlocksStored([1, 2], session_id="both"))
+    await feed(B, 2.0, BlocksStored([3], session_id="both"), BlocksStored([4], session_id="b"))
+    await feed(A, 3.0, BlocksStored([5], session_id="a-only"))
+
+    body = await get_json(client, "/v1/sessions?pod=vllm-1")
+
+    assert body == {
+        "sessions": [
+            {"session_id": "b", "blocks": 1, "pods": 1, "last_seen": 2.0},
+            {"session_id": "both", "blocks": 1, "pods": 1, "last_seen": 2.0},
+        ],
+        "next_cursor": None,
+    }
