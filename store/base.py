@@ -40,6 +40,23 @@ class IndexStore(Protocol):
         """Record the worker's stream health; registers a worker not seen before."""
         ...
 
+    async def mark_unconfirmed(self, worker: WorkerKey) -> int:
+        """Flag every current entry of the worker as unconfirmed (an unrepaired gap).
+
+        Entries stay visible; a later BlocksStored of an entry confirms it, a removal drops
+        it as usual. Returns how many were flagged. Cost: O(worker entries), off the hot path;
+        while flags exist, each stored block costs one more set operation.
+        """
+        ...
+
+    async def drop_unconfirmed(self, worker: WorkerKey) -> int:
+        """Remove the entries still unconfirmed (from the worker and every session).
+
+        The stale policy's end: what no event reconfirmed is presumed evicted. Returns how
+        many were removed. Cost: O(unconfirmed entries x sessions holding each).
+        """
+        ...
+
     async def clear_worker(self, worker: WorkerKey) -> None:
         """Drop every entry and residency of the worker, keeping its fence and status.
 

@@ -7,7 +7,7 @@ per (medium, group_idx), hash -> the sessions holding it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from store.model import (
     DEFAULT_MEDIUM,
@@ -72,12 +72,14 @@ class _Residency:
 
 
 class _Worker:
-    __slots__ = ("fence", "key", "last_event_at", "parts", "sessions", "status")
+    __slots__ = ("fence", "key", "last_event_at", "parts", "sessions", "status", "unconfirmed")
 
     def __init__(self, key: WorkerKey) -> None:
         self.key = key
         self.parts: dict[PartKey, dict[Hash, Holders]] = {}
         self.sessions: dict[str, _Residency] = {}
+        self.unconfirmed: dict[PartKey, set[Hash]] = {}
+        """Entries held over an unrepaired gap and not stored again since."""
         self.fence: Fence | None = None
         self.status = WorkerStatus(since=time.time())
         self.last_event_at: float | None = None
@@ -124,6 +126,8 @@ class MemoryStore:
         if part is None:
             part = w.parts[pk] = {}
         hashes = event.block_hashes
+        if w.unconfirmed:
+            self._confirm(w, pk, hashes)
         if event.session_id is None:
             for h in hashes:
                 if h not in part:
@@ -150,14 +154,26 @@ class MemoryStore:
             else:
                 holders.add(sid)
 
+    def _confirm(self, w: _Worker, pk: PartKey, hashes: list[Hash]) -> None:
+        pending = w.unconfirmed.get(pk)
+        if pending is not None:
+            pending.difference_update(hashes)
+            if not pending:
+                del w.unconfirmed[pk]
+
     def _remove(self, w: _Worker, event: BlocksRemoved) -> None:
         pk = (event.medium or DEFAULT_MEDIUM, event.group_idx or 0)
+        if w.unconfirmed:
+            self._confirm(w, pk, event.block_hashes)
+        self._remove_hashes(w, pk, event.block_hashes)
+
+    def _remove_hashes(self, w: _Worker, pk: PartKey, hashes: Iterable[Hash]) -> None:
         part = w.parts.get(pk)
         if not part:
             return
         sessions = w.sessions
         pop = part.pop
-        for h in event.block_hashes:
+        for h in hashes:
             holders = pop(h, None)
             if holders is None:
                 continue
@@ -169,6 +185,7 @@ class MemoryStore:
 
     def _clear(self, w: _Worker) -> None:
         w.parts.clear()
+        w.unconfirmed.clear()
         for sid in w.sessions:
             self._sessions[sid].workers.pop(w.key, None)
         w.sessions.clear()
@@ -193,6 +210,24 @@ class MemoryStore:
 
     async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
         self._worker(worker).status = status
+
+    async def mark_unconfirmed(self, worker: WorkerKey) -> int:
+        w = self._workers.get(worker)
+        if w is None:
+            return 0
+        w.unconfirmed = {pk: set(part) for pk, part in w.parts.items() if part}
+        return sum(len(s) for s in w.unconfirmed.values())
+
+    async def drop_unconfirmed(self, worker: WorkerKey) -> int:
+        w = self._workers.get(worker)
+        if w is None:
+            return 0
+        dropped = 0
+        for pk, pending in w.unconfirmed.items():
+            dropped += len(pending)
+            self._remove_hashes(w, pk, pending)
+        w.unconfirmed = {}
+        return dropped
 
     async def clear_worker(self, worker: WorkerKey) -> None:
         w = self._workers.get(worker)
@@ -290,6 +325,7 @@ class MemoryStore:
                 last_seq=w.fence.seq if w.fence else None,
                 last_event_at=w.last_event_at,
                 status=w.status,
+                unconfirmed=sum(len(s) for s in w.unconfirmed.values()),
             )
             for _, w in sorted(self._workers.items())
         ]

@@ -152,7 +152,11 @@ class SessionSummary(msgspec.Struct):
 
 
 class WorkerView(msgspec.Struct):
-    """A worker as operators and routers see it."""
+    """A worker as operators and routers see it.
+
+    `unconfirmed` counts entries held over an unrepaired gap that no event has confirmed
+    since; they are dropped when the stale policy's time runs out.
+    """
 
     pod: str
     dp_rank: int
@@ -161,6 +165,7 @@ class WorkerView(msgspec.Struct):
     last_seq: int | None
     last_event_at: float | None
     status: WorkerStatus
+    unconfirmed: int = 0
 
 
 T = TypeVar("T")
@@ -184,8 +189,23 @@ def format_hash(h: Hash) -> str:
     return str(h)
 
 
+U64_MASK = (1 << 64) - 1
+
+
+def canonical_hash(h: Hash) -> Hash:
+    """The index's form of a hash: ints as unsigned 64-bit.
+
+    vLLM before 0.10.2 published Python's signed `hash()` values; the index keeps their
+    two's-complement unsigned form so every release, and every backend, agrees on one value.
+    """
+    return h & U64_MASK if isinstance(h, int) else h
+
+
 def parse_hash(text: str) -> Hash:
-    """Inverse of `format_hash`; raises ValueError naming what is wrong."""
+    """Inverse of `format_hash` (signed input is accepted and made canonical).
+
+    Raises ValueError naming what is wrong.
+    """
     if text.startswith(("0x", "0X")):
         digits = text[2:]
         if not digits or len(digits) % 2:
@@ -200,4 +220,4 @@ def parse_hash(text: str) -> Hash:
     value = int(text)
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"block hash {text!r} is outside the 64-bit range vLLM publishes")
-    return value
+    return value & U64_MASK

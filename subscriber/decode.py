@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from store.model import AllCleared, BlocksRemoved, BlocksStored, StoreEvent
+from store.model import AllCleared, BlocksRemoved, BlocksStored, StoreEvent, canonical_hash
 from subscriber import wire
 from subscriber.drops import DropReason
 
@@ -146,10 +146,13 @@ def _classify(item: bytes) -> DropReason:
 
 
 def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
+    """Positional events: the only ones that can carry signed hashes (before 0.10.2)."""
     if isinstance(event, wire.ArrayBlockStored):
-        return BlocksStored(event.block_hashes, event.medium, event.group_idx)
+        hashes = [canonical_hash(h) for h in event.block_hashes]
+        return BlocksStored(hashes, event.medium, event.group_idx)
     if isinstance(event, wire.ArrayBlockRemoved):
-        return BlocksRemoved(event.block_hashes, event.medium, event.group_idx)
+        hashes = [canonical_hash(h) for h in event.block_hashes]
+        return BlocksRemoved(hashes, event.medium, event.group_idx)
     return AllCleared()
 
 

@@ -302,3 +302,22 @@ async def test_random_sequences_match_the_reference_model(
             assert page is not None
             assert sorted(format_hash(h) for h in page.items) == _hash_set(held)
         assert view.total_blocks == sum(len(h) for h in want.values())
+
+
+async def test_unconfirmed_entries_are_dropped_unless_stored_again(store: IndexStore) -> None:
+    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s")]))
+    await store.apply(A, Batch(1, 2.0, [BlocksStored([4], "CPU", 0, "t")]))
+    assert await store.mark_unconfirmed(A) == 4
+    (worker,) = await store.list_workers()
+    assert (worker.blocks, worker.unconfirmed) == (4, 4)
+    await store.apply(A, Batch(5, 3.0, [BlocksStored([2], "GPU", 0, "u"), BlocksRemoved([3])]))
+    (worker,) = await store.list_workers()
+    assert (worker.blocks, worker.unconfirmed) == (3, 2)
+    assert await store.drop_unconfirmed(A) == 2
+    view = await store.get_session("s")
+    assert view is not None and view.total_blocks == 1
+    page = await store.worker_blocks("pod-a", dp_rank=0, medium=None, limit=10, cursor=None)
+    assert page is not None and page.items == [2]
+    (worker,) = await store.list_workers()
+    assert worker.unconfirmed == 0
+    assert await store.drop_unconfirmed(A) == 0
