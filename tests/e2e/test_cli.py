@@ -1,0 +1,147 @@
+"""The `kvsi` command as a user runs it: a real process, real sockets, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsi.cli import app, parse_pods
+from kvsi.settings import load_settings
+from kvsi.tail import tail
+from simulator.engine import SimulatedEngine
+from simulator.publisher import SimulatedPublisher
+from store.select import open_store
+
+pytestmark = pytest.mark.e2e
+
+KVSI = [sys.executable, "-m", "kvsi"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_demo_serves_live_pods_and_sessions_then_stops_on_ctrl_c() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*KVSI, "serve", "--demo", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        pods: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            try:
+                pods = get(f"{base}/v1/pods")["pods"]  # type: ignore[index]
+                if len(pods) == 3 and all(int(p["blocks"]) > 0 for p in pods):  # type: ignore[call-overload]
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert len(pods) == 3 and all(p["state"] == "live" for p in pods), pods
+        listed = get(f"{base}/v1/sessions?limit=3")["sessions"]  # type: ignore[index]
+        assert listed
+        view = get(f"{base}/v1/sessions/{listed[0]['session_id']}")
+        assert view["total_blocks"] >= 1  # type: ignore[index]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, output
+    assert f"serving on http://127.0.0.1:{port}" in output
+
+
+async def test_tail_prints_decoded_events() -> None:
+    engine = SimulatedEngine(num_blocks=64)
+    async with SimulatedPublisher("tcp://127.0.0.1:*") as publisher:
+        lines: list[str] = []
+        task = asyncio.create_task(tail(publisher.endpoint, "", 2, out=lines.append))
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            await publisher.publish(engine.run_request("sess-T", list(range(40))))
+            if task.done():
+                break
+        await asyncio.wait_for(task, 5)
+    assert any("BlockStored session=sess-T medium=GPU group=0" in line for line in lines)
+
+
+def test_pod_flags_parse_and_bad_ones_are_rejected() -> None:
+    parsed = parse_pods(["pod-a=tcp://h:5557", "pod-a/1=tcp://h:5558"], ["pod-a=tcp://h:6000"])
+    assert parsed == [
+        {
+            "pod": "pod-a",
+            "endpoint": "tcp://h:5557",
+            "dp_rank": 0,
+            "replay_endpoint": "tcp://h:6000",
+        },
+        {"pod": "pod-a", "endpoint": "tcp://h:5558", "dp_rank": 1},
+    ]
+    result = CliRunner().invoke(app, ["serve", "--pod", "no-endpoint"])
+    assert result.exit_code != 0 and "expected NAME=ENDPOINT" in result.output
+    result = CliRunner().invoke(app, ["serve", "--pod", "a=tcp://h:1", "--replay", "b=tcp://h:2"])
+    assert result.exit_code != 0 and "no --pod named 'b'" in result.output
+
+
+def test_settings_precedence_flags_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "kvsi.toml"
+    config.write_text(
+        'port = 9001\nhost = "0.0.0.0"\ntopic = "kv@"\n'
+        '[[publishers]]\npod = "pod-a"\nendpoint = "tcp://10.0.0.1:5557"\n'
+    )
+    monkeypatch.setenv("KVSI_PORT", "9002")
+    monkeypatch.setenv("KVSI_TOPIC", "env-topic")
+    settings = load_settings(config, topic="flag-topic")
+    assert settings.host == "0.0.0.0"
+    assert settings.port == 9002
+    assert settings.topic == "flag-topic"
+    assert settings.publishers[0].endpoint == "tcp://10.0.0.1:5557"
+
+
+def test_settings_reject_bad_values_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="must start with tcp://"):
+        load_settings(None, publishers=[{"pod": "pod-a", "endpoint": "http://x"}])
+    with pytest.raises(FileNotFoundError):
+        load_settings(tmp_path / "missing.toml")
+    with pytest.raises(ValueError, match="pod"):
+        load_settings(None, publishers=[{"pod": "Pod_A", "endpoint": "tcp://x:1"}])
+
+
+def test_unknown_store_lists_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="valid: memory"):
+        open_store("postgres://x")
+
+
+def test_module_entry_point_exists() -> None:
+    result = subprocess.run(
+        [*KVSI, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=os.environ | {"COLUMNS": "120"},
+    )
+    assert result.returncode == 0
+    for command in ("serve", "simulate", "tail"):
+        assert command in result.stdout
