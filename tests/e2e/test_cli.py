@@ -21,7 +21,10 @@ from kvsi.settings import load_settings
 from kvsi.tail import tail
 from simulator.engine import SimulatedEngine
 from simulator.publisher import SimulatedPublisher
+from store.memory import MemoryStore
 from store.select import open_store
+from subscriber.pool import StreamPool
+from subscriber.stream import PublisherSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -145,3 +148,69 @@ def test_module_entry_point_exists() -> None:
     assert result.returncode == 0
     for command in ("serve", "simulate", "tail"):
         assert command in result.stdout
+
+
+def test_simulate_and_serve_as_two_processes() -> None:
+    """`kvsi simulate` in one process, `kvsi serve --pod ...` in another, over tcp."""
+    sim_port = free_port()
+    while True:  # the simulator takes sim_port and sim_port + 1 (its replay ROUTER)
+        probe = free_port()
+        if probe not in (sim_port, sim_port + 1):
+            api_port = probe
+            break
+    simulator = subprocess.Popen(
+        [*KVSI, "simulate", "--pods", "1", "--base-port", str(sim_port), "--duration", "25"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    service = subprocess.Popen(
+        [
+            *KVSI,
+            "serve",
+            "--port",
+            str(api_port),
+            "--pod",
+            f"pod-a=tcp://127.0.0.1:{sim_port}",
+            "--replay",
+            f"pod-a=tcp://127.0.0.1:{sim_port + 1}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        pods: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            try:
+                pods = get(f"http://127.0.0.1:{api_port}/v1/pods")["pods"]  # type: ignore[index]
+                if pods and int(pods[0]["blocks"]) > 0:  # type: ignore[call-overload]
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert pods and pods[0]["pod"] == "pod-a" and int(pods[0]["blocks"]) > 0  # type: ignore[call-overload]
+    finally:
+        for proc in (service, simulator):
+            proc.send_signal(signal.SIGINT)
+        for proc in (service, simulator):
+            proc.wait(timeout=20)
+    assert service.returncode == 0
+
+
+async def test_ipc_publisher_is_ingested(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    store = MemoryStore()
+    engine = SimulatedEngine(num_blocks=64)
+    async with SimulatedPublisher(endpoint) as publisher:
+        pool = StreamPool([PublisherSpec("pod-a", endpoint)], store)
+        await pool.start()
+        try:
+            for _ in range(100):
+                await publisher.publish(engine.run_request("sess-ipc", list(range(64))))
+                await asyncio.sleep(0.05)
+                view = await store.get_session("sess-ipc")
+                if view is not None:
+                    break
+        finally:
+            await pool.stop()
+    assert view is not None and view.total_blocks == 4
