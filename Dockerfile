@@ -7,7 +7,8 @@ COPY subscriber subscriber
 COPY store store
 COPY api api
 COPY simulator simulator
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[redis]"
+COPY hashing hashing
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[redis,xxhash]"
 
 FROM python:3.11-slim
 RUN useradd --create-home --uid 10001 kvsi

@@ -6,52 +6,11 @@ drive it synchronously and compare the index against its truth.
 
 from __future__ import annotations
 
-import hashlib
-import pickle
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
+from hashing import BlockHasher, event_hash_int
 from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-
-DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
-"""vLLM's NONE_HASH seed for sha256 when PYTHONHASHSEED is unset (the common deployment)."""
-
-_PICKLE_PROTOCOL = 5
-"""vLLM hashes pickle protocol 5 payloads; a different protocol gives different hashes."""
-
-
-class BlockHash(NamedTuple):
-    """A block's chained digest and the u64 that KV events carry for it."""
-
-    digest: bytes
-    external: int
-
-
-def none_hash(seed: int | str | None = None) -> bytes:
-    """The parent digest of a request's first block.
-
-    `seed` plays vLLM's PYTHONHASHSEED: None is the unset default, shared by every engine of
-    a deployment, so equal prompts hash equally on every pod (what prefix-aware routers need).
-    """
-    text = DEFAULT_NONE_HASH_SEED if seed is None else str(seed)
-    return hashlib.sha256(pickle.dumps(text, protocol=_PICKLE_PROTOCOL)).digest()
-
-
-def chain_block_hashes(token_ids: Sequence[int], block_size: int, parent: bytes) -> list[BlockHash]:
-    """Hashes of the full blocks of `token_ids`, chained from `parent` (vLLM's sha256 scheme).
-
-    Written from shared/vllm-wire/HASHING.md (sha256, no extra keys): each digest covers the
-    whole prefix, and the event value is its last 8 bytes big-endian, so hashes span the full
-    u64 range and equal real vLLM's for the same tokens and seed.
-    """
-    hashes: list[BlockHash] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = tuple(token_ids[start : start + block_size])
-        payload = pickle.dumps((parent, block, None), protocol=_PICKLE_PROTOCOL)
-        parent = hashlib.sha256(payload).digest()
-        hashes.append(BlockHash(parent, int.from_bytes(parent[-8:], "big")))
-    return hashes
 
 
 class SimulatedEngine:
@@ -85,7 +44,9 @@ class SimulatedEngine:
         self.block_size = block_size
         self.report_mode_full = report_mode_full
         self.medium = medium
-        self._none_hash = none_hash(seed)
+        self._hasher = BlockHasher(
+            block_size=block_size, hash_seed=None if seed is None else str(seed)
+        )
         # Oldest first: eviction takes from the front, like vLLM's free block queue.
         self._pool: OrderedDict[int, None] = OrderedDict()
         self._sessions: dict[str, set[int]] = {}
@@ -93,8 +54,8 @@ class SimulatedEngine:
         self._holders: dict[int, set[str]] = {}
 
     def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
-        """The event hashes this engine gives the full blocks of `token_ids`."""
-        return [h.external for h in chain_block_hashes(token_ids, self.block_size, self._none_hash)]
+        """The event hashes this engine gives the full blocks of `token_ids` (vLLM's sha256)."""
+        return [event_hash_int(digest) for digest in self._hasher.digests(token_ids)]
 
     def run_request(self, session_id: str | None, token_ids: Sequence[int]) -> list[KVCacheEvent]:
         """Serve one request and return the events vLLM would publish for it, in order.
@@ -105,30 +66,30 @@ class SimulatedEngine:
         cached by another path) is stored again: set semantics, no second copy is modelled.
         Raises ValueError if the request has more full blocks than the pool holds.
         """
-        hashes = chain_block_hashes(token_ids, self.block_size, self._none_hash)
+        hashes = self.block_hashes(token_ids)
         if len(hashes) > self.num_blocks:
             raise ValueError(
                 f"request needs {len(hashes)} blocks, the pool holds {self.num_blocks}"
             )
         size = self.block_size
         hit = 0
-        while hit < len(hashes) and hashes[hit].external in self._pool:
+        while hit < len(hashes) and hashes[hit] in self._pool:
             hit += 1
         events: list[KVCacheEvent] = []
         if hit and self.report_mode_full:
             events.append(self._stored(session_id, hashes[:hit], None, token_ids[: hit * size]))
         new = hashes[hit:]
-        pinned = {h.external for h in hashes}
-        missing = sum(1 for h in new if h.external not in self._pool)
+        pinned = set(hashes)
+        missing = sum(1 for h in new if h not in self._pool)
         events.extend(self._evict(len(self._pool) + missing - self.num_blocks, pinned))
         if new:
-            parent = hashes[hit - 1].external if hit else None
+            parent = hashes[hit - 1] if hit else None
             tokens = token_ids[hit * size : len(hashes) * size]
             events.append(self._stored(session_id, new, parent, tokens))
         # vLLM frees a finished request's blocks tail first, so its prefix is evicted last.
         for h in reversed(hashes):
-            self._pool[h.external] = None
-            self._pool.move_to_end(h.external)
+            self._pool[h] = None
+            self._pool.move_to_end(h)
         self._apply_truth(events)
         return events
 
@@ -159,12 +120,12 @@ class SimulatedEngine:
     def _stored(
         self,
         session_id: str | None,
-        hashes: Sequence[BlockHash],
+        hashes: Sequence[int],
         parent: int | None,
         token_ids: Sequence[int],
     ) -> BlockStored:
         return BlockStored(
-            block_hashes=[h.external for h in hashes],
+            block_hashes=list(hashes),
             parent_block_hash=parent,
             token_ids=list(token_ids),
             block_size=self.block_size,
