@@ -19,7 +19,7 @@ from kvsi.settings import Settings
 from store.base import IndexStore
 from store.select import open_store
 from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
+from subscriber.stream import IngestOptions, PublisherSpec
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +38,18 @@ def publisher_specs(settings: Settings) -> list[PublisherSpec]:
     ]
 
 
+def ingest_options(settings: Settings) -> IngestOptions:
+    """The ingest bounds the settings name."""
+    return IngestOptions(
+        queue_size=settings.ingest_queue_size,
+        replay_timeout=settings.replay_timeout_seconds,
+        replay_attempts=settings.replay_attempts,
+        max_concurrent_replays=settings.max_concurrent_replays,
+        unconfirmed_ttl=settings.unconfirmed_ttl_seconds,
+        store_retry_max=settings.store_retry_max_seconds,
+    )
+
+
 async def expire_idle_sessions(store: IndexStore, idle: float, interval: float) -> None:
     """Keep memory flat: forget sessions with no resident block, idle for `idle` seconds."""
     while True:
@@ -47,15 +59,19 @@ async def expire_idle_sessions(store: IndexStore, idle: float, interval: float) 
             log.info("janitor.sessions_expired", count=expired)
 
 
-def readiness_probe(store: IndexStore) -> Callable[[], Awaitable[list[str]]]:
-    """Not ready while the store cannot answer."""
+def readiness_probe(
+    store: IndexStore, pool: StreamPool | None = None
+) -> Callable[[], Awaitable[list[str]]]:
+    """Not ready while the store cannot answer, or while ingest is buffering for it or
+    repairing batches a full queue dropped (`StreamPool.readiness_reasons`)."""
 
     async def reasons() -> list[str]:
+        found = [] if pool is None else pool.readiness_reasons()
         try:
             await store.list_workers()
         except Exception as exc:  # any store failure means not ready; the reason says which
-            return [f"index store unavailable: {exc}"]
-        return []
+            found.insert(0, f"index store unavailable: {exc}")
+        return found
 
     return reasons
 
@@ -77,7 +93,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             PublisherSpec(pod=pod, endpoint=pub, replay_endpoint=replay, topic=settings.topic)
             for pod, pub, replay in fleet.endpoints()
         ]
-    pool = StreamPool(specs, store) if settings.ingest else None
+    pool = StreamPool(specs, store, ingest_options(settings)) if settings.ingest else None
     if pool is not None:
         await pool.start()
     if fleet is not None:
@@ -92,7 +108,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     )
     try:
         if settings.api:
-            await _serve_http(settings, store, on_ready)
+            await _serve_http(settings, store, pool, on_ready)
         else:
             if on_ready is not None:
                 on_ready("")
@@ -110,9 +126,12 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
 
 
 async def _serve_http(
-    settings: Settings, store: IndexStore, on_ready: Callable[[str], None] | None
+    settings: Settings,
+    store: IndexStore,
+    pool: StreamPool | None,
+    on_ready: Callable[[str], None] | None,
 ) -> None:
-    app = create_app(store, readiness=readiness_probe(store))
+    app = create_app(store, readiness=readiness_probe(store, pool))
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_config=None, lifespan="on"
     )

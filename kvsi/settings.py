@@ -67,6 +67,24 @@ class Settings(BaseSettings):
     """Sessions with no resident block are forgotten after this long without a store."""
     janitor_interval_seconds: float = Field(default=30.0, gt=0)
     """How often idle sessions are looked for."""
+    ingest_queue_size: int = Field(default=10_000, ge=1)
+    """Live messages held per publisher between receiving and applying (the buffer that
+    rides out a slow or unavailable store). Beyond it, messages are dropped and the hole is
+    repaired by replay; vLLM's buffer_steps (10,000 by default) is how far back that reaches."""
+    replay_timeout_seconds: float = Field(default=2.0, gt=0)
+    """Longest wait for the next message of a replay reply before the attempt fails."""
+    replay_attempts: int = Field(default=3, ge=1)
+    """Attempts per replay (each resumes after the last batch received) before the gap is
+    declared lost and the worker degraded."""
+    max_concurrent_replays: int = Field(default=4, ge=1)
+    """Replays in flight at once over all publishers, so a fleet reconnecting together does
+    not flood its engines and the store."""
+    unconfirmed_ttl_seconds: float = Field(default=300.0, gt=0)
+    """Stale policy: after a gap that replay could not repair, a worker's entries that no
+    event reconfirms within this time are dropped (the index may then under-report that
+    worker, never over-report it). See subscriber/README.md."""
+    store_retry_max_seconds: float = Field(default=2.0, gt=0)
+    """Longest pause between ingest's attempts to reach an unavailable index store."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log threshold."""
     log_format: Literal["json", "console"] = "console"

@@ -14,7 +14,7 @@ import zmq.asyncio
 from store.model import format_hash
 from subscriber import wire
 from subscriber.decode import wire_decoder
-from subscriber.stream import SEQ_BYTES
+from subscriber.framing import SEQ_BYTES
 
 
 def describe(event: wire.KVCacheEvent) -> str:

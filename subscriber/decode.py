@@ -23,6 +23,10 @@ E = TypeVar("E")
 
 _EVENT_TAGS = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
 
+_UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+"""What reading bad bytes raises: msgspec's errors (ValidationError is a DecodeError), a str
+that is not UTF-8 (the generic decoder's error), and nesting deeper than msgspec recurses."""
+
 
 class _IngestStored(BlocksStored, frozen=True, tag="BlockStored", tag_field="type"):
     """BlockStored read straight into the store's event, unused fields skipped."""
@@ -78,11 +82,20 @@ class BatchDecoder(Generic[E]):
         self._prefer_array = False
 
     def decode(self, payload: bytes) -> Decoded[E]:
-        """Decode one payload; never raises."""
+        """Decode one payload; never raises.
+
+        Beyond msgspec's own errors, msgpack nested a few thousand levels deep (RecursionError)
+        and strings that are not UTF-8 are valid-looking input msgspec refuses by raising;
+        one such payload must not stop a stream.
+        """
         try:
             return self._whole(payload)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except _UNREADABLE:
+            pass
+        try:
             return self._event_by_event(payload)
+        except _UNREADABLE:
+            return Decoded(dropped=[DropReason.MALFORMED_BATCH], ok=False)
 
     def _whole(self, payload: bytes) -> Decoded[E]:
         if self._prefer_array:
@@ -124,17 +137,22 @@ class BatchDecoder(Generic[E]):
         try:
             event: E = self._map_event.decode(item)
             return event
-        except msgspec.ValidationError:
+        except _UNREADABLE:
             pass
         try:
             return self._from_array(self._array_event.decode(item))
-        except msgspec.ValidationError:
+        except _UNREADABLE:
             return _classify(item)
 
 
 def _classify(item: bytes) -> DropReason:
     """Tell an event of a kind we do not know from a broken one of a kind we do."""
-    generic = msgspec.msgpack.decode(item)
+    try:
+        generic = msgspec.msgpack.decode(item)
+    except _UNREADABLE:
+        # Raw kept the bytes of one msgpack object, yet some (a bad timestamp extension,
+        # deep nesting, a string that is not UTF-8) fail a generic decode: no tag to read.
+        return DropReason.MALFORMED_EVENT
     tag: object = None
     if isinstance(generic, dict):
         tag = generic.get("type")

@@ -1,205 +1,115 @@
-"""WorkerStream over real ZMQ sockets on loopback: order, workers, bad frames, restarts."""
+"""WorkerStream over real ZMQ sockets on loopback: order, workers, bad frames, restarts, metrics."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
-from collections.abc import AsyncIterator
+from dataclasses import replace
 
-import msgspec
-import pytest
-import zmq
-import zmq.asyncio
+from prometheus_client import REGISTRY, generate_latest
 
-from store.memory import MemoryStore
+from kvsi import metrics
 from store.model import WorkerKey, WorkerState
 from subscriber import wire
 from subscriber.drops import DropReason
-from subscriber.stream import PublisherSpec, WorkerStream
+from tests.subscriber.conftest import RigFactory
+from tests.subscriber.peers import Publisher, payload, removed, running, stored
+from tests.subscriber.stores import RecordingStore
 from tests.waiting import eventually
 
-ENCODER = msgspec.msgpack.Encoder()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def stored(hashes: list[int], session: str | None = "s1") -> wire.BlockStored:
-    return wire.BlockStored(
-        block_hashes=hashes,  # type: ignore[arg-type]
-        parent_block_hash=None,
-        token_ids=[0] * 16 * len(hashes),
-        block_size=16,
-        lora_id=None,
-        medium="GPU",
-        lora_name=None,
-        session_id=session,
-    )
-
-
-def payload(
-    events: list[wire.KVCacheEvent], rank: int | None = 0, ts: float | None = None
-) -> bytes:
-    batch = wire.KVEventBatch(ts=ts or time.time(), events=events, data_parallel_rank=rank)
-    return ENCODER.encode(batch)
-
-
-class Publisher:
-    """A bare PUB socket speaking vLLM's live framing, for driving one stream."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
-        self.sock = ctx.socket(zmq.PUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.seq = 0
-
-    async def send(self, body: bytes, topic: bytes = b"kv@pod-a@m") -> None:
-        await self.sock.send_multipart([topic, self.seq.to_bytes(8, "big"), body])
-        self.seq += 1
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    yield context
-    context.term()
-
-
-async def start(stream: WorkerStream) -> asyncio.Task[None]:
-    task = asyncio.create_task(stream.run())
-    await asyncio.sleep(0.2)  # let the SUB connect and subscribe (slow joiner)
-    return task
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-
-
-async def session_blocks(store: MemoryStore, session: str) -> int:
-    view = await store.get_session(session)
+async def session_blocks(store: RecordingStore, session: str) -> int:
+    view = await store.inner.get_session(session)
     return view.total_blocks if view else -1
 
 
-async def test_batches_apply_in_order_and_name_the_worker_by_rank(
-    ctx: zmq.asyncio.Context,
-) -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    pub = Publisher(ctx, endpoint)
-    store = MemoryStore()
-    stream = WorkerStream(PublisherSpec("pod-a", endpoint), store, ctx)
-    task = await start(stream)
-    try:
-        await pub.send(payload([stored([1, 2, 2**64 - 1])], rank=1))
-        await pub.send(payload([wire.BlockRemoved(block_hashes=[2], medium="GPU")], rank=1))
-
-        async def applied() -> bool:
-            return await session_blocks(store, "s1") == 2
-
-        await eventually(applied)
-        workers = await store.list_workers()
-        assert {(w.pod, w.dp_rank) for w in workers} >= {("pod-a", 1)}
-        (worker,) = [w for w in workers if w.dp_rank == 1]
-        assert worker.last_seq == 1 and worker.blocks == 2
-    finally:
-        await stop(task)
-        pub.close()
+async def test_batches_apply_in_order_and_name_the_worker_by_rank(rig: RigFactory) -> None:
+    r = await rig(replay=False)
+    await r.publisher.send(payload([stored([1, 2, 2**64 - 1])], rank=1))
+    await r.publisher.send(payload([removed([2])], rank=1))
+    await r.applied_through(1)
+    (worker,) = await r.store.inner.list_workers()
+    assert (worker.pod, worker.dp_rank, worker.last_seq, worker.blocks) == ("pod-a", 1, 1, 2)
+    assert await session_blocks(r.store, "s1") == 2
 
 
-async def test_bad_frames_are_counted_and_the_stream_goes_on(ctx: zmq.asyncio.Context) -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    pub = Publisher(ctx, endpoint)
-    store = MemoryStore()
-    stream = WorkerStream(PublisherSpec("pod-a", endpoint), store, ctx)
-    task = await start(stream)
-    try:
-        await pub.sock.send_multipart([b"kv", b"\x00" * 8])
-        await pub.sock.send_multipart([b"kv", b"\x00" * 3, payload([])])
-        await pub.send(b"\xc1 not msgpack")
-        await pub.send(payload([stored([7])]))
-
-        async def recovered() -> bool:
-            return await session_blocks(store, "s1") == 1
-
-        await eventually(recovered)
-        assert stream.stats.drops == {
-            DropReason.FRAME_COUNT: 1,
-            DropReason.SEQ_FRAME: 1,
-            DropReason.NOT_MSGPACK: 1,
-        }
-    finally:
-        await stop(task)
-        pub.close()
+async def test_bad_frames_are_counted_and_the_stream_goes_on(rig: RigFactory) -> None:
+    r = await rig(replay=False)
+    await r.publisher.sock.send_multipart([b"kv", b"\x00" * 8])
+    await r.publisher.sock.send_multipart([b"kv", b"\x00" * 3, payload([])])
+    await r.publisher.send(b"\xc1 not msgpack")
+    await r.publisher.send(payload([stored([7])]))
+    await r.applied_through(1)
+    assert await session_blocks(r.store, "s1") == 1
+    assert r.stream.counters.drops == {
+        DropReason.FRAME_COUNT: 1,
+        DropReason.SEQ_FRAME: 1,
+        DropReason.NOT_MSGPACK: 1,
+    }
+    assert r.stream.counters.messages == 4
 
 
-async def test_topic_filter_keeps_other_topics_out(ctx: zmq.asyncio.Context) -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    pub = Publisher(ctx, endpoint)
-    store = MemoryStore()
-    stream = WorkerStream(PublisherSpec("pod-a", endpoint, topic="kv@pod-a"), store, ctx)
-    task = await start(stream)
-    try:
-        await pub.send(payload([stored([1], "other")]), topic=b"kv@pod-b@m")
-        await pub.send(payload([stored([2], "mine")]), topic=b"kv@pod-a@m")
+async def test_topic_filter_keeps_other_topics_out(rig: RigFactory) -> None:
+    r = await rig(replay=False, start=False)
+    r.spec = replace(r.spec, topic="kv@pod-a")
+    r.stream = r.new_stream()
+    async with running(r.stream):
+        await r.publisher.probe(r.stream)
+        r.publisher.topic = b"kv@pod-b@m"
+        await r.publisher.send(payload([stored([1], "other")]))
+        r.publisher.topic = b"kv@pod-a@m"
+        await r.publisher.send(payload([stored([2], "mine")]))
 
         async def mine() -> bool:
-            return await session_blocks(store, "mine") == 1
+            return await session_blocks(r.store, "mine") == 1
 
         await eventually(mine)
-        assert await store.get_session("other") is None
-    finally:
-        await stop(task)
-        pub.close()
+    assert await session_blocks(r.store, "other") == -1
 
 
-async def test_publisher_restart_on_same_port_is_detected_and_service_survives(
-    ctx: zmq.asyncio.Context,
+async def test_publisher_restart_on_same_port_is_visible_and_empties_the_worker(
+    rig: RigFactory,
 ) -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    pub = Publisher(ctx, endpoint)
-    store = MemoryStore()
-    stream = WorkerStream(PublisherSpec("pod-a", endpoint), store, ctx)
-    task = await start(stream)
-    worker = WorkerKey("pod-a", 0)
-    try:
-        for i in range(5):
-            await pub.send(payload([stored([100 + i], "old")]))
+    r = await rig(replay=False)
+    for i in range(5):
+        await r.publisher.send(payload([stored([100 + i], "old")]))
+    await r.applied_through(4)
+    endpoint = r.spec.endpoint
+    r.publisher.close()
+    await r.state(WorkerState.DISCONNECTED)
+    assert "disconnected" in (await r.view()).status.detail
+    r.publisher = Publisher(r.ctx, endpoint)  # a new engine: seq from 0, empty cache
+    await r.state(WorkerState.LIVE)
+    await r.publisher.probe(r.stream)
+    await r.publisher.send(payload([stored([1], "new")]))
 
-        async def old_applied() -> bool:
-            return await session_blocks(store, "old") == 5
+    async def new_applied() -> bool:
+        return await session_blocks(r.store, "new") == 1
 
-        await eventually(old_applied)
-        pub.close()
+    await eventually(new_applied)
+    assert await session_blocks(r.store, "old") == 0
+    assert r.stream.counters.restarts == 1 and r.stream.counters.gaps == 0
 
-        async def disconnected() -> bool:
-            workers = {WorkerKey(w.pod, w.dp_rank): w for w in await store.list_workers()}
-            return workers[worker].status.state is WorkerState.DISCONNECTED
 
-        await eventually(disconnected)
-        pub = Publisher(ctx, endpoint)  # a new engine: seq starts at 0 again, empty cache
-
-        async def reconnected() -> bool:
-            workers = {WorkerKey(w.pod, w.dp_rank): w for w in await store.list_workers()}
-            return workers[worker].status.state is WorkerState.LIVE
-
-        await eventually(reconnected)
-        await asyncio.sleep(0.2)
-        await pub.send(payload([stored([1], "new")]))
-
-        async def new_applied() -> bool:
-            return await session_blocks(store, "new") == 1
-
-        await eventually(new_applied)
-        assert await session_blocks(store, "old") == 0
-        assert not task.done()
-    finally:
-        await stop(task)
-        pub.close()
+async def test_metrics_per_worker_and_fleet_totals_outlive_the_stream(rig: RigFactory) -> None:
+    r = await rig(replay=False, start=False)
+    worker = str(WorkerKey("pod-a", 0))
+    before = REGISTRY.get_sample_value("kvsi_fleet_block_events_total") or 0.0
+    async with running(r.stream):
+        await r.publisher.probe(r.stream)
+        await r.publisher.send(payload([stored([1, 2, 3]), {"type": "Nope"}]))  # type: ignore[list-item]
+        await r.publisher.send(payload([wire.AllBlocksCleared()]))
+        await r.applied_through(1)
+        text = generate_latest().decode()
+        assert f'kvsi_batches_total{{outcome="applied",worker="{worker}"}}' in text
+        assert f'kvsi_worker_applied_seq{{worker="{worker}"}} 1.0' in text
+        assert f'kvsi_worker_lag_batches{{worker="{worker}"}} 0.0' in text
+        assert f'kvsi_publisher_connected{{worker="{worker}"}} 1.0' in text
+        assert "kvsi_fleet_workers_connected" in text
+        assert r.stream in metrics.INGEST._sources
+    await asyncio.sleep(0)
+    after = REGISTRY.get_sample_value("kvsi_fleet_block_events_total")
+    assert after == before + 3, "a stopped stream's counters are kept"
+    drops = REGISTRY.get_sample_value(
+        "kvsi_decode_drops_total", {"worker": worker, "reason": "unknown_event"}
+    )
+    assert drops is not None and drops >= 1

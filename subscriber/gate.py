@@ -1,0 +1,130 @@
+"""The index store as ingest sees it: every call waits out a store outage, then lands.
+
+Imports the store contract and metrics; never zmq or the API. Any exception from the store
+counts as "unavailable" (a Redis outage surfaces as ConnectionError or TimeoutError): the
+calling stream waits here, its inbox keeps buffering (bounded; an overflow becomes a gap
+that replay repairs), /readyz says why, and the call is retried until the store answers.
+Retrying a write that may have landed is harmless: applies are fenced by seq, status and
+flag writes are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import structlog
+
+from kvsi import metrics
+from store.base import IndexStore
+from store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerStatus
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+FIRST_RETRY_SECONDS = 0.05
+"""First pause after a failed call; doubled per failure up to the gate's maximum."""
+
+
+class StoreGate:
+    """One store shared by every stream of a process, with its availability."""
+
+    def __init__(self, store: IndexStore, *, retry_max_seconds: float = 2.0) -> None:
+        self.store = store
+        self._retry_max = retry_max_seconds
+        self.down_since: float | None = None
+        """Wall-clock time of the first failure of the current outage; None while up."""
+        self.recovered_at = 0.0
+        """time.monotonic() of the end of the last outage: what arrived before it was buffered."""
+        self._error = ""
+        metrics.STORE_AVAILABLE.set(1)
+
+    @property
+    def available(self) -> bool:
+        return self.down_since is None
+
+    def reasons(self) -> list[str]:
+        """Why ingest is not ready because of the store ([] while it answers)."""
+        if self.down_since is None:
+            return []
+        return [
+            f"index store unavailable for {time.time() - self.down_since:.1f}s "
+            f"({self._error}); ingest is buffering and retrying"
+        ]
+
+    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+        """`IndexStore.apply`, retried until it lands (written out: it is the hot path)."""
+        try:
+            outcome = await self.store.apply(worker, batch)
+        except Exception as exc:  # any failure means unavailable; see the module docstring
+            return await self._retry("apply", exc, lambda: self.store.apply(worker, batch))
+        if self.down_since is not None:
+            self._recovered()
+        return outcome
+
+    async def fence(self, worker: WorkerKey) -> Fence | None:
+        return await self._call("fence", lambda: self.store.fence(worker))
+
+    async def publish_status(self, current: Callable[[], tuple[WorkerKey, WorkerStatus]]) -> None:
+        """Store `current()`; a retry stores what `current()` says then, so a status that
+        waited out an outage lands as the latest one, not the one that failed."""
+
+        def write() -> Awaitable[None]:
+            worker, status = current()
+            return self.store.set_status(worker, status)
+
+        await self._call("set_status", write)
+
+    async def mark_unconfirmed(self, worker: WorkerKey) -> int:
+        return await self._call("mark_unconfirmed", lambda: self.store.mark_unconfirmed(worker))
+
+    async def drop_unconfirmed(self, worker: WorkerKey) -> int:
+        return await self._call("drop_unconfirmed", lambda: self.store.drop_unconfirmed(worker))
+
+    async def clear_worker(self, worker: WorkerKey) -> None:
+        await self._call("clear_worker", lambda: self.store.clear_worker(worker))
+
+    async def remove_worker(self, worker: WorkerKey) -> None:
+        await self._call("remove_worker", lambda: self.store.remove_worker(worker))
+
+    async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            result = await call()
+        except Exception as exc:  # any failure means unavailable; see the module docstring
+            return await self._retry(operation, exc, call)
+        if self.down_since is not None:
+            self._recovered()
+        return result
+
+    async def _retry(self, operation: str, exc: Exception, call: Callable[[], Awaitable[T]]) -> T:
+        pause = FIRST_RETRY_SECONDS
+        while True:
+            self._failed(operation, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self._retry_max)
+            try:
+                result = await call()
+            except Exception as again:  # still unavailable
+                exc = again
+                continue
+            self._recovered()
+            return result
+
+    def _failed(self, operation: str, exc: Exception) -> None:
+        metrics.STORE_ERRORS.labels(operation).inc()
+        self._error = f"{operation}: {type(exc).__name__}: {exc}"
+        if self.down_since is None:
+            self.down_since = time.time()
+            metrics.STORE_AVAILABLE.set(0)
+            log.warning("store.unavailable", operation=operation, error=self._error)
+
+    def _recovered(self) -> None:
+        if self.down_since is None:
+            return
+        log.info("store.available", outage_seconds=round(time.time() - self.down_since, 3))
+        self.down_since = None
+        self.recovered_at = time.monotonic()
+        metrics.STORE_AVAILABLE.set(1)

@@ -1,0 +1,165 @@
+"""Replay client: asks a worker's replay ROUTER for its buffered batches, bounded and timed.
+
+Imports zmq, framing and metrics; never the store or the API. One fresh DEALER per attempt,
+so a late reply to an abandoned attempt can never be read as part of the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from kvsi import metrics
+from subscriber.drops import DropReason
+from subscriber.framing import ReplayEnd, parse_reply, replay_request
+
+log = structlog.get_logger(__name__)
+
+Deliver = Callable[[int, bytes], Awaitable[bool]]
+"""Takes one replayed batch (seq, payload) in seq order; False stops the replay early."""
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    """What one replay fetched, over all its attempts."""
+
+    start: int
+    """The seq asked for first."""
+    first_seq: int | None = None
+    """The first seq the publisher returned; above `start` when its buffer no longer reaches."""
+    last_seq: int | None = None
+    batches: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    stopped: bool = False
+    """The receiver stopped it early (it learned the replay would not help)."""
+
+
+class ReplayFailedError(Exception):
+    """Every attempt failed; `reason` is a stable label, the message says what happened."""
+
+    def __init__(self, reason: str, message: str, report: ReplayReport) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.report = report
+
+
+class _AttemptFailedError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ReplayClient:
+    """Fetches `[seq >= start]` from one replay endpoint, in either reply framing.
+
+    Bounds: each reply must arrive within `timeout` seconds; a failed attempt (timeout, a
+    hole in the reply, a socket error) is retried from the seq after the last one delivered,
+    at most `attempts` times; `limit` is shared by every stream of a process, so a fleet
+    reconnecting at once does not flood its engines with replays.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        *,
+        timeout: float,
+        attempts: int,
+        limit: asyncio.Semaphore,
+        on_drop: Callable[[DropReason], None],
+    ) -> None:
+        if attempts < 1:
+            raise ValueError(f"replay attempts must be >= 1, got {attempts}")
+        self.endpoint = endpoint
+        self._ctx = ctx
+        self._timeout = timeout
+        self._attempts = attempts
+        self._limit = limit
+        self._on_drop = on_drop
+
+    async def fetch(self, start: int, deliver: Deliver) -> ReplayReport:
+        """Deliver every buffered batch from `start` on, until the end marker.
+
+        Raises ReplayFailedError once every attempt failed; batches delivered before that
+        stay delivered (a retry resumes after them).
+        """
+        report = ReplayReport(start=start)
+        began = time.perf_counter()
+        try:
+            while True:
+                report.attempts += 1
+                try:
+                    async with self._limit:
+                        await self._attempt(report, deliver)
+                    return report
+                except _AttemptFailedError as exc:
+                    log.warning(
+                        "replay.attempt_failed",
+                        endpoint=self.endpoint,
+                        start=start,
+                        attempt=report.attempts,
+                        reason=exc.reason,
+                        error=str(exc),
+                    )
+                    if report.attempts >= self._attempts:
+                        raise ReplayFailedError(
+                            exc.reason,
+                            f"replay from seq {start} at {self.endpoint} failed after "
+                            f"{report.attempts} attempts: {exc}",
+                            report,
+                        ) from exc
+        finally:
+            report.seconds = time.perf_counter() - began
+            metrics.REPLAY_SECONDS.observe(report.seconds)
+
+    async def _attempt(self, report: ReplayReport, deliver: Deliver) -> None:
+        expected = report.start if report.last_seq is None else report.last_seq + 1
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # A ROUTER drops (never blocks) at its high-water mark: a bounded pipe here would
+        # lose replies whenever applying is slower than the network. The publisher's replay
+        # buffer (vLLM's buffer_steps) bounds what one request can return.
+        sock.setsockopt(zmq.RCVHWM, 0)
+        try:
+            sock.connect(self.endpoint)
+            await sock.send_multipart(replay_request(expected))
+            first = True
+            while True:
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        frames = await sock.recv_multipart()
+                except TimeoutError:
+                    raise _AttemptFailedError(
+                        "timeout", f"no reply within {self._timeout:g}s after seq {expected - 1}"
+                    ) from None
+                parsed = parse_reply(frames)
+                if isinstance(parsed, ReplayEnd):
+                    return
+                if isinstance(parsed, DropReason):
+                    self._on_drop(parsed)
+                    continue
+                seq, payload = parsed
+                # Only the first reply may start late (the buffer no longer reaches back:
+                # the receiver decides what that costs); a later jump is a reply lost here.
+                if seq < expected or (seq > expected and not first):
+                    raise _AttemptFailedError("hole", f"expected seq {expected}, got {seq}")
+                if report.first_seq is None:
+                    report.first_seq = seq
+                first = False
+                report.batches += 1
+                report.last_seq = seq
+                expected = seq + 1
+                if not await deliver(seq, payload):
+                    report.stopped = True
+                    return
+        except zmq.ZMQError as exc:
+            raise _AttemptFailedError("socket", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            sock.close(linger=0)

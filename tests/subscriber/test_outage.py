@@ -1,0 +1,93 @@
+"""A store outage seen from ingest: buffer (bounded), say why, apply in order when it returns.
+
+The store wrapper fails every call while `down`, as a stopped Redis would; the memory store
+itself never fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from prometheus_client import REGISTRY
+
+from store.model import Batch, WorkerKey, WorkerState
+from subscriber.gate import StoreGate
+from tests.subscriber.conftest import FAST, RigFactory
+from tests.subscriber.peers import payload, stored
+from tests.subscriber.stores import RecordingStore
+from tests.waiting import eventually
+
+WORKER = WorkerKey("pod-a", 0)
+OUTAGE = replace(FAST, store_retry_max=0.05)
+
+
+async def test_the_gate_waits_out_an_outage_and_reports_it() -> None:
+    store = RecordingStore()
+    gate = StoreGate(store, retry_max_seconds=0.05)
+    store.down = True
+    pending = asyncio.create_task(gate.apply(WORKER, Batch(0, 1.0, [])))
+    await asyncio.sleep(0.2)
+    assert not pending.done()
+    assert not gate.available and store.refused >= 2
+    (reason,) = gate.reasons()
+    assert "index store unavailable" in reason and "StoreDownError" in reason
+    assert REGISTRY.get_sample_value("kvsi_store_available") == 0
+    errors = REGISTRY.get_sample_value("kvsi_store_errors_total", {"operation": "apply"})
+    assert errors is not None and errors >= 2
+    store.down = False
+    await asyncio.wait_for(pending, 2)
+    assert gate.available and gate.reasons() == [] and gate.recovered_at > 0
+    assert REGISTRY.get_sample_value("kvsi_store_available") == 1
+    assert store.seqs(WORKER) == [0]
+
+
+async def test_batches_buffered_during_an_outage_apply_in_order_when_it_ends(
+    rig: RigFactory,
+) -> None:
+    r = await rig(options=OUTAGE)
+    await r.publisher.send(payload([stored([0])]))
+    await r.applied_through(0)
+    r.store.down = True
+    for i in range(1, 21):
+        await r.publisher.send(payload([stored([i])]))
+
+    async def buffering() -> bool:
+        return len(r.stream.inbox) == 19  # one more is in the applier, being retried
+
+    await eventually(buffering)
+    (reason,) = r.stream.readiness_reasons()
+    assert "19 batches buffered during the index store outage" in reason
+    r.store.down = False
+    await r.applied_through(20)
+    assert r.store.seqs(WORKER) == list(range(21))
+    assert r.stream.readiness_reasons() == []
+    assert r.stream.counters.batches_lost == 0
+    await r.state(WorkerState.LIVE)
+
+
+async def test_an_outage_longer_than_the_buffer_is_repaired_by_replay(rig: RigFactory) -> None:
+    r = await rig(options=replace(OUTAGE, queue_size=5))
+    await r.publisher.send(payload([stored([0])]))
+    await r.applied_through(0)
+    r.store.down = True
+    for i in range(1, 41):
+        await r.publisher.send(payload([stored([i])]))
+
+    async def overflowing() -> bool:
+        return r.stream.inbox.overflowed > 0
+
+    await eventually(overflowing)
+    reasons = r.stream.readiness_reasons()
+    assert any("buffered during the index store outage" in x for x in reasons)
+    assert any("dropped by a full ingest queue" in x for x in reasons)
+    r.store.down = False
+    await r.applied_through(40)
+    assert r.store.seqs(WORKER) == list(range(41)), "in order, once, the hole replayed"
+    c = r.stream.read_counters()
+    assert c.queue_overflow == r.stream.inbox.overflowed > 0
+    assert c.batches_lost == 0 and c.batches_replayed > 0
+    (mark, *_) = [s for w, s in r.store.statuses if "dropped by a full ingest queue" in s.detail]
+    assert mark.state is WorkerState.DEGRADED, "marked before the repair ran"
+    await r.state(WorkerState.LIVE)
+    assert r.stream.readiness_reasons() == []
