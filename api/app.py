@@ -6,11 +6,13 @@ lifecycle (open, close), so one store can be shared with ingest in the same proc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from api.auth import TokenCheck, require_token
 from api.errors import install_error_handlers
 from api.reader import IndexReader
 from api.routes import health, metrics, pods, sessions
@@ -32,6 +34,9 @@ left?" for cache-aware routers and for the people who operate them.
 - **Paging**: pass a response's `next_cursor` as `cursor`; `next_cursor` is null on the last
   page. `limit` is 1..1000 (default 100).
 - **Metrics**: Prometheus text at `/metrics`.
+- **Access**: when the service is configured with bearer tokens, every `/v1` endpoint needs
+  `Authorization: Bearer <token>` (401 without or with a wrong one). `/healthz`, `/readyz`
+  and (unless configured otherwise) `/metrics` stay open.
 - **Errors** are `{"detail": "..."}`: 400 for any bad parameter (cursor included), 404 for an
   unknown session or pod, 503 when the index store is unavailable.
 """
@@ -52,13 +57,17 @@ def create_app(
     title: str = "kv-session-index",
     version: str | None = None,
     root_path: str = "",
+    tokens: Sequence[str] = (),
+    metrics_require_token: bool = False,
 ) -> FastAPI:
     """The REST app over `store`, which the caller opens before and closes after.
 
     `readiness` returns why the service is not ready (empty: ready); None means ready as
     soon as it serves. It is bounded by `readiness_timeout` seconds, so a hung dependency
     reads as "not ready" instead of hanging the kubelet's probe. `root_path` is for a
-    reverse proxy that serves the app under a prefix.
+    reverse proxy that serves the app under a prefix. `tokens`: bearer tokens every `/v1`
+    endpoint requires (none: open); the probes stay open, `/metrics` too unless
+    `metrics_require_token`.
     """
     app = FastAPI(
         title=title,
@@ -72,11 +81,13 @@ def create_app(
     app.state.reader = IndexReader(store)
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
+    app.state.token_check = TokenCheck(tokens)
     install_error_handlers(app)
-    app.include_router(sessions.router)
-    app.include_router(pods.router)
+    protected = [Depends(require_token)]
+    app.include_router(sessions.router, dependencies=protected)
+    app.include_router(pods.router, dependencies=protected)
     app.include_router(health.router)
-    app.include_router(metrics.router)
+    app.include_router(metrics.router, dependencies=protected if metrics_require_token else [])
     _document_400_not_422(app)
     return app
 

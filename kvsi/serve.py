@@ -15,7 +15,7 @@ import structlog
 import uvicorn
 
 from api.app import create_app
-from kvsi.settings import Settings
+from kvsi.settings import Settings, bearer_tokens
 from store.base import IndexStore
 from store.select import open_store
 from subscriber.pool import StreamPool
@@ -131,7 +131,12 @@ async def _serve_http(
     pool: StreamPool | None,
     on_ready: Callable[[str], None] | None,
 ) -> None:
-    app = create_app(store, readiness=readiness_probe(store, pool))
+    app = create_app(
+        store,
+        readiness=readiness_probe(store, pool),
+        tokens=bearer_tokens(settings),
+        metrics_require_token=settings.metrics_require_token,
+    )
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_config=None, lifespan="on"
     )

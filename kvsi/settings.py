@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     """Port the HTTP API binds."""
     api: bool = True
     """Serve the HTTP API (off for an ingest-only sidecar)."""
+    api_tokens: list[str] = []
+    """Bearer tokens accepted by every /v1 endpoint; empty: no access control."""
+    api_tokens_file: Path | None = None
+    """A file with one bearer token per line (a mounted Kubernetes Secret), added to
+    `api_tokens`; re-read at start only."""
+    metrics_require_token: bool = False
+    """Also require a bearer token on /metrics (the probes always stay open)."""
     ingest: bool = True
     """Subscribe to publishers (off for an API-only replica)."""
     session_idle_seconds: float = Field(default=3600.0, gt=0)
@@ -97,6 +104,17 @@ class Settings(BaseSettings):
     """Batches per second per simulated pod in the demo."""
     demo_base_port: int = Field(default=0, ge=0, le=65535)
     """First loopback port of the demo fleet (0: pick free ports)."""
+
+
+def bearer_tokens(settings: Settings) -> list[str]:
+    """Every configured token: the setting's plus the file's (blank and # lines skipped)."""
+    tokens = list(settings.api_tokens)
+    if settings.api_tokens_file is not None:
+        for line in settings.api_tokens_file.read_text().splitlines():
+            token = line.strip()
+            if token and not token.startswith("#"):
+                tokens.append(token)
+    return tokens
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
