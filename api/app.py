@@ -12,7 +12,7 @@ from importlib.metadata import version as package_version
 
 from fastapi import Depends, FastAPI
 
-from api.auth import TokenCheck, require_token
+from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.errors import install_error_handlers
 from api.reader import IndexReader
 from api.routes import health, metrics, pods, sessions
@@ -83,11 +83,18 @@ def create_app(
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)
     install_error_handlers(app)
-    protected = [Depends(require_token)]
-    app.include_router(sessions.router, dependencies=protected)
-    app.include_router(pods.router, dependencies=protected)
+    # Documented in OpenAPI only where enforced, so the schema tells clients the truth.
+    protected = [Depends(require_token)] if tokens else []
+    unauthorized = UNAUTHORIZED if tokens else {}
+    app.include_router(sessions.router, dependencies=protected, responses=unauthorized)
+    app.include_router(pods.router, dependencies=protected, responses=unauthorized)
     app.include_router(health.router)
-    app.include_router(metrics.router, dependencies=protected if metrics_require_token else [])
+    guard_metrics = bool(tokens) and metrics_require_token
+    app.include_router(
+        metrics.router,
+        dependencies=protected if guard_metrics else [],
+        responses=unauthorized if guard_metrics else {},
+    )
     _document_400_not_422(app)
     return app
 

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.schemas import ErrorResponse
+
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "Missing or invalid bearer token."}
+}
+"""The extra response every guarded route documents."""
 
 _bearer = HTTPBearer(
     auto_error=False,
