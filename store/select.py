@@ -12,6 +12,10 @@ from store.base import IndexStore
 
 BACKENDS = {
     "memory": "store.memory:MemoryStore",
+    "redis": "store.redis:RedisStore",
+    "rediss": "store.redis:RedisStore",
+    "redis+cluster": "store.redis:RedisStore",
+    "rediss+cluster": "store.redis:RedisStore",
 }
 """URL scheme (or the bare word `memory`) -> `module:class` of the backend."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -152,33 +153,34 @@ def test_module_entry_point_exists() -> None:
 
 def test_simulate_and_serve_as_two_processes() -> None:
     """`kvsi simulate` in one process, `kvsi serve --pod ...` in another, over tcp."""
-    sim_port = free_port()
-    while True:  # the simulator takes sim_port and sim_port + 1 (its replay ROUTER)
-        probe = free_port()
-        if probe not in (sim_port, sim_port + 1):
-            api_port = probe
-            break
     simulator = subprocess.Popen(
-        [*KVSI, "simulate", "--pods", "1", "--base-port", str(sim_port), "--duration", "25"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [*KVSI, "simulate", "--pods", "1", "--base-port", "0", "--duration", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    service = subprocess.Popen(
-        [
-            *KVSI,
-            "serve",
-            "--port",
-            str(api_port),
-            "--pod",
-            f"pod-a=tcp://127.0.0.1:{sim_port}",
-            "--replay",
-            f"pod-a=tcp://127.0.0.1:{sim_port + 1}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    service: subprocess.Popen[str] | None = None
     try:
-        deadline = time.monotonic() + 20
+        assert simulator.stdout is not None
+        line = simulator.stdout.readline()  # the simulator logs its endpoints first
+        endpoints = dict(re.findall(r"(endpoint|replay_endpoint)=(tcp://\S+)", line))
+        assert set(endpoints) == {"endpoint", "replay_endpoint"}, line
+        api_port = free_port()
+        service = subprocess.Popen(
+            [
+                *KVSI,
+                "serve",
+                "--port",
+                str(api_port),
+                "--pod",
+                f"pod-a={endpoints['endpoint']}",
+                "--replay",
+                f"pod-a={endpoints['replay_endpoint']}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 45
         pods: list[dict[str, object]] = []
         while time.monotonic() < deadline:
             try:
@@ -190,11 +192,12 @@ def test_simulate_and_serve_as_two_processes() -> None:
             time.sleep(0.2)
         assert pods and pods[0]["pod"] == "pod-a" and int(pods[0]["blocks"]) > 0  # type: ignore[call-overload]
     finally:
-        for proc in (service, simulator):
+        running = [p for p in (service, simulator) if p is not None]
+        for proc in running:
             proc.send_signal(signal.SIGINT)
-        for proc in (service, simulator):
-            proc.wait(timeout=20)
-    assert service.returncode == 0
+        for proc in running:
+            proc.communicate(timeout=20)
+    assert service is not None and service.returncode == 0
 
 
 async def test_ipc_publisher_is_ingested(tmp_path: Path) -> None:

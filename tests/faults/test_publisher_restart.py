@@ -38,6 +38,7 @@ async def test_a_killed_engine_shows_disconnected_then_its_restart_empties_the_w
 
         async def back_and_emptied() -> bool:
             pod = (await sidecar.pods())["pod-b"]
+            seen.append((pod["state"], pod["state_detail"]))
             return pod["state"] == "live" and pod["blocks"] == 0 and len(seen) > 1
 
         await eventually(back_and_emptied)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import msgspec
 import pytest
@@ -12,6 +11,7 @@ import zmq.asyncio
 
 from simulator.fleet import SimulatedFleet, pod_names, simulate
 from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from tests.ports import free_port_run
 from tests.simulator.peers import recv, replay, replay_request, seq_of, subscribe
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,17 +177,6 @@ async def test_reset_pod_publishes_all_blocks_cleared(ctx: zmq.asyncio.Context) 
     (reply, _end) = replies
     batch = msgspec.msgpack.decode(reply[3], type=KVEventBatch)
     assert batch.events == [AllBlocksCleared()]
-
-
-def free_port_run(length: int) -> int:
-    """A port with `length` free ports after it (best effort, re-checked by the bind)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + length < 65_000:
-            return base
-    raise RuntimeError("no port")
 
 
 async def test_base_port_lays_out_ranks_at_port_plus_rank(ctx: zmq.asyncio.Context) -> None:

@@ -1,0 +1,251 @@
+"""How fast, how small and how quick is the Redis store? Ingest, memory per entry, query latency.
+
+Run: `.venv/bin/python bench/ingest_redis.py` (see bench/README.md). Starts its own
+redis-server on a free loopback port (no persistence), prints every figure, stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import redis
+from ingest_memory import agentic, block_events, small_events
+
+from api.app import create_app
+from store.model import Batch, BlocksStored, WorkerKey
+from store.redis import RedisStore
+from store.redis_layout import decode_residency
+from subscriber.decode import ingest_decoder
+
+INTSET_ENTRIES = 512
+"""The server's `set-max-intset-entries`: Redis' default, which the small workload's session
+sets (about 25 blocks each) stay well under."""
+
+
+@contextmanager
+def redis_server(intset_entries: int) -> Iterator[int]:
+    """A throwaway redis-server on a free loopback port; yields the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    workdir = Path(tempfile.mkdtemp(prefix="kvsi-bench-"))
+    proc = subprocess.Popen(
+        [
+            "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(workdir),
+            "--save", "", "--appendonly", "no",
+            "--set-max-intset-entries", str(intset_entries),
+        ],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def store_at(port: int) -> RedisStore:
+    return RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
+
+
+async def ingest(port: int, payloads: list[bytes], workers: int) -> tuple[float, float, float]:
+    """Decode + apply every payload as `workers` concurrent streams into an empty server.
+
+    Returns (seconds, client CPU seconds, server CPU seconds).
+    """
+    raw = redis.Redis(port=port)
+    raw.flushall()
+    store = store_at(port)
+
+    async def stream(i: int) -> None:
+        decoder = ingest_decoder()
+        worker = WorkerKey(f"pod-{i}", 0)
+        for seq, payload in enumerate(payloads):
+            decoded = decoder.decode(payload)
+            await store.apply(worker, Batch(seq, decoded.ts, decoded.events))
+
+    server_before = _server_cpu(raw)
+    cpu = time.process_time()
+    started = time.perf_counter()
+    await asyncio.gather(*(stream(i) for i in range(workers)))
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    server = _server_cpu(raw) - server_before
+    await store.close()
+    return elapsed, cpu, server
+
+
+def _server_cpu(raw: redis.Redis) -> float:
+    info = raw.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def sadd_baseline(port: int) -> float:
+    """`redis-benchmark -P 64 -t sadd` on the same server: requests/s."""
+    out = subprocess.run(
+        ["redis-benchmark", "-p", str(port), "-P", "64", "-t", "sadd", "-n", "2000000", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    rates = re.findall(r"SADD: ([\d.]+) requests per second", out)
+    return float(rates[-1])
+
+
+async def memory_per_entry(port: int, entries: int, seed: int) -> tuple[int, int, float]:
+    """Bytes of used_memory per resident (session, block) entry, everything included.
+
+    Workers of DESIGN.md's shape (50,000 resident blocks, 2,000 sessions each) until
+    `entries` resident (session, block) entries; returns (entries, bytes, bytes/entry).
+    """
+    raw = redis.Redis(port=port)
+    raw.flushall()
+    before = int(raw.info("memory")["used_memory"])
+    payloads = small_events(800, seed)  # 51,200 stored, 50,000 resident
+    store = store_at(port)
+    decoder = ingest_decoder()
+    decoded = [decoder.decode(p) for p in payloads]
+    resident = 0
+    worker_count = 0
+    while resident < entries:
+        worker = WorkerKey(f"pod-{worker_count}", 0)
+        for seq, d in enumerate(decoded):
+            await store.apply(worker, Batch(seq, d.ts, d.events))
+        res = raw.hgetall(store.worker_keys(worker).res)
+        resident += sum(sum(decode_residency(v)[1].values()) for v in res.values())
+        worker_count += 1
+    await store.close()
+    used = int(raw.info("memory")["used_memory"]) - before
+    return resident, used, used / resident
+
+
+async def query_latency(
+    port: int, sessions: int, queries: int, seed: int
+) -> tuple[list[float], list[float]]:
+    """p50/p99 inputs: seconds per get_session, and per GET /v1/sessions/{id} over ASGI.
+
+    `sessions` sessions on 8 workers: each holds 8 blocks on one worker and 2 on the next.
+    """
+    raw = redis.Redis(port=port)
+    raw.flushall()
+    store = store_at(port)
+    rng = random.Random(seed)
+    workers = [WorkerKey(f"pod-{i}", 0) for i in range(8)]
+    seqs = dict.fromkeys(workers, 0)
+    for first in range(0, sessions, 64):
+        per_worker: dict[WorkerKey, list[BlocksStored]] = {w: [] for w in workers}
+        for k in range(first, min(first + 64, sessions)):
+            home = k % len(workers)
+            per_worker[workers[home]].append(
+                BlocksStored([rng.getrandbits(64) for _ in range(8)], "GPU", 0, f"sess-{k}")
+            )
+            per_worker[workers[(home + 1) % len(workers)]].append(
+                BlocksStored([rng.getrandbits(64) for _ in range(2)], "CPU", 0, f"sess-{k}")
+            )
+        for worker, events in per_worker.items():
+            await store.apply(worker, Batch(seqs[worker], 1000.0 + first, list(events)))
+            seqs[worker] += 1
+    picks = [f"sess-{rng.randrange(sessions)}" for _ in range(queries)]
+    store_times = []
+    for sid in picks:
+        started = time.perf_counter()
+        view = await store.get_session(sid)
+        store_times.append(time.perf_counter() - started)
+        assert view is not None and view.total_blocks == 10
+    api_times = []
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+        for sid in picks:
+            started = time.perf_counter()
+            response = await client.get(f"/v1/sessions/{sid}")
+            api_times.append(time.perf_counter() - started)
+            assert response.status_code == 200
+    await store.close()
+    return store_times, api_times
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", type=int, default=2000, help="batches per worker")
+    parser.add_argument("--workers", type=int, default=4, help="concurrent streams")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=2000)
+    asyncio.run(run(parser.parse_args()))
+
+
+async def run(args: argparse.Namespace) -> None:
+    with redis_server(INTSET_ENTRIES) as port:
+        version = redis.Redis(port=port).info("server")["redis_version"]
+        print(f"redis-server {version}, set-max-intset-entries {INTSET_ENTRIES}, port {port}")
+        print(f"\n(1) ingest: {args.workers} concurrent worker streams, decode + apply")
+        print(
+            f"{'workload':<9} {'block-events':>12} {'ingest/s':>10}"
+            f" {'client us/batch':>15} {'redis us/batch':>14}"
+        )
+        rates = {}
+        for name, make in (("small", small_events), ("agentic", agentic)):
+            payloads = make(args.batches, args.seed)
+            n = block_events(payloads) * args.workers
+            batches = len(payloads) * args.workers
+            runs = [await ingest(port, payloads, args.workers) for _ in range(args.runs)]
+            rates[name] = statistics.median(n / elapsed for elapsed, _, _ in runs)
+            client = statistics.median(cpu for _, cpu, _ in runs) / batches * 1e6
+            server = statistics.median(srv for _, _, srv in runs) / batches * 1e6
+            print(f"{name:<9} {n:>12,} {rates[name]:>10,.0f} {client:>15.0f} {server:>14.0f}")
+        sadd = sadd_baseline(port)
+        print(f"redis-benchmark -P 64 -t sadd: {sadd:,.0f} requests/s")
+        for name, rate in rates.items():
+            print(f"ratio {name} ingest / sadd: {rate / sadd:.3f}  (target >= 0.25)")
+        print(f"(medians of {args.runs} runs)")
+
+        entries, used, per = await memory_per_entry(port, args.entries, args.seed)
+        print(f"\n(2) memory: {entries:,} resident (session, block) entries")
+        print(f"used_memory delta {used:,} bytes = {per:.1f} bytes/entry  (target <= 80)")
+
+        store_times, api_times = await query_latency(port, args.sessions, args.queries, args.seed)
+        print(
+            f"\n(3) query latency, {args.sessions:,} sessions on 8 workers, {args.queries} queries"
+        )
+        for name, times in (
+            ("store.get_session", store_times),
+            ("GET /v1/sessions/{id}", api_times),
+        ):
+            p50, p99 = pct(times, 0.5) * 1e3, pct(times, 0.99) * 1e3
+            print(f"{name:<22} p50 {p50:.3f} ms  p99 {p99:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

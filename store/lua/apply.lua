@@ -1,0 +1,65 @@
+-- A guarded write to one worker: the fence rule and the version check, then plain writes.
+-- KEYS[1]    the worker's meta hash (fields seq, epoch, last_ts: the fence; ver: the version)
+-- KEYS[2]    the worker's version log, newest first: "<previous ver> <new ver> <batch id>"
+-- KEYS[3..]  further keys of the same worker, taken in order by the ops
+-- ARGV[1]    "batch" (store.model.decide's fence rule applies) or "op" (version check only)
+-- ARGV[2]    the batch's seq ("" for op); compared as a Lua number, exact below 2^53
+-- ARGV[3]    the batch's ts ("" for op)
+-- ARGV[4]    version the writer's mirror reflects ("" = never written, "-" = no mirror)
+-- ARGV[5]    outcome the writer predicted from its mirror ("applied" for op)
+-- ARGV[6..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
+--            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys
+-- Returns {outcome, current version, next version, next batch id}: outcome is one of
+-- store.model.ApplyOutcome's values or "stale" (the mirror is not the stored version: nothing
+-- was written). For duplicate and previous_engine, the next version/batch are the log entry
+-- that followed ARGV[4], so a writer that saw the same batch can follow without reloading.
+local CMD = {
+  a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX',
+  z = 'ZADD', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM',
+}
+
+local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
+local ver = m[4] or ''
+local outcome = 'applied'
+if ARGV[1] == 'batch' and m[1] then
+  local seq, ts = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if ts < tonumber(m[2]) then
+    outcome = 'previous_engine'
+  elseif seq > tonumber(m[1]) then
+    outcome = 'applied'
+  elseif ts > tonumber(m[3]) then
+    outcome = 'restarted'
+  else
+    outcome = 'duplicate'
+  end
+end
+
+if outcome == 'duplicate' or outcome == 'previous_engine' then
+  if ver ~= ARGV[4] and ARGV[4] ~= '-' then
+    for _, entry in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+      local prev, nxt, id = string.match(entry, '^(%S*) (%S+) (.*)$')
+      if prev == ARGV[4] then
+        return {outcome, ver, nxt, id}
+      end
+    end
+  end
+  return {outcome, ver, '', ''}
+end
+if ver ~= ARGV[4] or outcome ~= ARGV[5] then
+  return {'stale', ver, '', ''}
+end
+
+local i, k, n = 6, 3, #ARGV
+while i <= n do
+  local code, count = ARGV[i], tonumber(ARGV[i + 1])
+  if code == 'd' or code == 'u' then
+    redis.call(CMD[code], unpack(KEYS, k, k + count - 1))
+    k = k + count
+    i = i + 2
+  else
+    redis.call(CMD[code], KEYS[k], unpack(ARGV, i + 2, i + 1 + count))
+    k = k + 1
+    i = i + 2 + count
+  end
+end
+return {outcome, ver, '', ''}

@@ -1,0 +1,416 @@
+"""The shared index store on Redis or Redis Cluster: fenced atomic writes, reads from Redis.
+
+Imports neither zmq nor fastapi. Key layout, choices and their measurements: store/README.md.
+
+Writes: per worker, a Mirror (store/redis_mirror.py) turns each batch into plain writes that
+store/lua/apply.lua lands in one EVALSHA after checking the fence and the mirror's version.
+Reads (store/redis_reads.py) never use a mirror. Every Redis error propagates: the API
+answers 503, ingest buffers and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any, NamedTuple, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
+
+from store.model import ApplyOutcome, Batch, WorkerKey, WorkerStatus, decide
+from store.redis_layout import (
+    DEFAULT_PREFIX,
+    WorkerKeys,
+    decode_part,
+    decode_residency,
+    hash_of,
+    worker_member,
+)
+from store.redis_mirror import Mirror, batch_id
+from store.redis_plan import MAX_ARGS, Arg, Plan
+from store.redis_reads import Client, RedisReader, Seen, fence_of
+from store.redis_transport import DirectScript, use_hiredis_packing
+
+SCHEMES = {
+    "redis": "redis",
+    "rediss": "rediss",
+    "redis+cluster": "redis",
+    "rediss+cluster": "rediss",
+}
+"""Store URL scheme -> the scheme redis-py is given; `+cluster` selects RedisCluster."""
+
+WRITE_ATTEMPTS = 4
+"""Reload-and-retry rounds when another writer changed the worker between load and write;
+past them the worker changes faster than it can be read, which is reported as an error."""
+
+_SKIPPED = ("duplicate", "previous_engine")
+_NO_MIRROR = "-"
+"""Expected version of a writer without a mirror: never stored, so a write answers stale."""
+
+T = TypeVar("T")
+
+
+def _lua(name: str) -> str:
+    return resources.files("store").joinpath("lua", f"{name}.lua").read_text()
+
+
+class _Reply(NamedTuple):
+    """apply.lua's answer: outcome (or "stale"), and the version that followed the writer's."""
+
+    outcome: str
+    next_ver: str
+    next_batch: str
+
+
+class _Writer:
+    """This process's write state for one worker: its keys, its mirror, one write at a time."""
+
+    __slots__ = ("keys", "lock", "mirror", "worker")
+
+    def __init__(self, worker: WorkerKey, keys: WorkerKeys) -> None:
+        self.worker = worker
+        self.keys = keys
+        self.lock = asyncio.Lock()
+        self.mirror: Mirror | None = None
+
+
+class RedisStore(RedisReader):
+    """IndexStore on Redis (`redis://`, `rediss://`) or Redis Cluster (`redis[s]+cluster://`)."""
+
+    def __init__(
+        self, client: Client, *, prefix: str = DEFAULT_PREFIX, registry_ttl: float = 1.0
+    ) -> None:
+        super().__init__(client, prefix=prefix, registry_ttl=registry_ttl)
+        apply_script = client.register_script(_lua("apply"))
+        self._direct = (
+            None if isinstance(client, RedisCluster) else DirectScript(client, apply_script)
+        )
+        self._apply_call: Callable[[list[str], list[Arg]], Awaitable[Any]]
+        if self._direct is None:
+            self._apply_call = lambda keys, args: apply_script(keys=keys, args=args)
+        else:
+            self._apply_call = self._direct
+        self._expire_script: AsyncScript = client.register_script(_lua("expire"))
+        self._writers: dict[WorkerKey, _Writer] = {}
+        self._token_prefix = secrets.token_hex(6) + "."
+        self._tokens = itertools.count()
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        """A store for `redis[s]://[user:pass@]host:port[/db][?options]` or `redis[s]+cluster://`.
+
+        Options of this store, removed before the rest goes to redis-py (which takes e.g.
+        `socket_timeout`): `prefix` (default `kvsi`) starts every key, so several fleets
+        share one Redis; `registry_ttl` (seconds, default 1) is how long reads reuse the
+        list of workers before asking Redis again (0: every read asks).
+        """
+        split = urlsplit(url)
+        scheme = SCHEMES.get(split.scheme)
+        if scheme is None:
+            raise ValueError(f"store URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
+        options = dict(parse_qsl(split.query, keep_blank_values=True))
+        prefix = options.pop("prefix", DEFAULT_PREFIX)
+        try:
+            ttl = float(options.pop("registry_ttl", "1"))
+        except ValueError:
+            raise ValueError(f"store URL {url!r}: registry_ttl must be a number") from None
+        rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
+        client: Client
+        if split.scheme.endswith("+cluster"):
+            client = RedisCluster.from_url(rest)
+        else:
+            client = Redis.from_url(rest)
+        use_hiredis_packing(client)
+        return cls(client, prefix=prefix, registry_ttl=ttl)
+
+    # -- batches ------------------------------------------------------------------------
+
+    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+        """One EVALSHA per batch in the steady state (see the module docstring).
+
+        A writer without a mirror first asks with a write-less call: a replica that trails
+        another on the same stream only ever sees duplicates and never loads a mirror.
+        A connection error mid-call drops the mirror (whether the write landed is unknown;
+        the next call reloads it from Redis). Cost: O(blocks in the batch) in Python; in
+        Redis, one variadic write per touched session set, one per session holding a
+        removed block, and a few per batch.
+        """
+        w = self._writer(worker)
+        async with w.lock:
+            load = False
+            for _ in range(WRITE_ATTEMPTS):
+                if w.mirror is None and not load:
+                    reply = await self._eval(Plan(w.keys), batch, _NO_MIRROR, "")
+                    if reply.outcome != "stale":
+                        return ApplyOutcome(reply.outcome)
+                    load = True
+                    continue
+                if w.mirror is None:
+                    w.mirror = await self._load(w)
+                outcome = await self._apply_with(w, w.mirror, batch)
+                if outcome is not None:
+                    return outcome
+                load = True
+        raise RuntimeError(f"worker {worker}: changed by another writer on every attempt")
+
+    async def _apply_with(self, w: _Writer, mirror: Mirror, batch: Batch) -> ApplyOutcome | None:
+        """Apply through `mirror`; None if it was stale (then dropped: the caller reloads)."""
+        predicted = decide(mirror.fence, batch.seq, batch.ts)
+        if predicted.value in _SKIPPED:
+            reply = await self._eval(Plan(w.keys), batch, mirror.ver, "")
+            if reply.outcome == "stale":
+                w.mirror = None
+                return None
+            return ApplyOutcome(reply.outcome)
+        if not mirror.registered:
+            await self._register(w.worker)
+            mirror.registered = True
+        token = self._token()
+        before = mirror.ver
+        try:
+            plan = mirror.apply(batch, predicted, token, time.time())
+            reply = await self._eval(plan, batch, before, predicted.value)
+        except BaseException:
+            # The write may or may not have landed; only Redis knows: reload on next use.
+            w.mirror = None
+            raise
+        if reply.outcome == predicted.value:
+            mirror.ver = token
+            return predicted
+        if reply.outcome in _SKIPPED and reply.next_batch == batch_id(batch):
+            # Another writer (or this one, its reply lost and the call retried) applied
+            # this very batch on the version this mirror had: the mutated mirror is exact.
+            mirror.ver = reply.next_ver
+            return predicted if reply.next_ver == token else ApplyOutcome(reply.outcome)
+        w.mirror = None
+        return None if reply.outcome == "stale" else ApplyOutcome(reply.outcome)
+
+    async def _eval(self, plan: Plan, batch: Batch | None, expected: str, predicted: str) -> _Reply:
+        """Run apply.lua: in batch mode with the fence rule, else (`batch` None) op mode."""
+        head: list[Arg]
+        if batch is None:
+            head = ["op", "", "", expected, "applied"]
+        else:
+            head = ["batch", batch.seq, batch.ts, expected, predicted]
+        raw = await self._apply_call(plan.keys, head + plan.ops)
+        return _Reply(raw[0].decode(), raw[2].decode(), raw[3].decode())
+
+    async def _load(self, w: _Writer) -> Mirror:
+        """Read the worker's whole index into a new Mirror; again if it changed meanwhile.
+
+        Cost: O(worker entries), two pipelined round trips; once per worker and process,
+        and again only after another writer took over, or an error.
+        """
+        keys = w.keys
+        for _ in range(WRITE_ATTEMPTS):
+            pipe = self._pipeline()
+            pipe.hgetall(keys.meta)
+            pipe.hgetall(keys.parts)
+            pipe.hgetall(keys.res)
+            meta, parts, residencies = await pipe.execute()
+            ver = meta.get(b"ver", b"").decode()
+            mirror = Mirror(keys, ver, fence_of(meta), has_status=b"since" in meta)
+            mirror.registered = bool(meta)
+            if mirror.registered and self._registry is not None:
+                self._registry.add(w.worker)  # reads here see what this process writes
+            for pid, raw in parts.items():
+                mirror.add_part(int(pid), *decode_part(raw))
+            pipe = self._pipeline()
+            held = []
+            for sid, raw in residencies.items():
+                t, counts = decode_residency(raw)
+                res = mirror.add_residency(sid.decode(), t)
+                for pid in counts:
+                    pipe.smembers(keys.session(pid, res.session_id))
+                    held.append((mirror.by_pid[pid], res))
+            for part in mirror.by_pid.values():
+                pipe.smembers(part.okey)
+                pipe.smembers(part.ukey)
+            pipe.hget(keys.meta, "ver")
+            out = await pipe.execute()
+            if (out[-1] or b"").decode() != ver:
+                continue
+            for (part, res), members in zip(held, out[: len(held)], strict=True):
+                mirror.hold(part, res, map(hash_of, members))
+            rest = iter(out[len(held) : -1])
+            for part in mirror.by_pid.values():
+                mirror.add_orphans(part, map(hash_of, next(rest)))
+                part.pending = {hash_of(m) for m in next(rest)}
+            return mirror
+        raise RuntimeError(f"worker {w.worker}: changed on every attempt to load it")
+
+    def _writer(self, worker: WorkerKey) -> _Writer:
+        w = self._writers.get(worker)
+        if w is None:
+            w = self._writers[worker] = _Writer(worker, self.worker_keys(worker))
+        return w
+
+    def _token(self) -> str:
+        """A version no other write ever used: this process's random prefix and a counter."""
+        return f"{self._token_prefix}{next(self._tokens)}"
+
+    async def _register(self, worker: WorkerKey) -> None:
+        """Add the worker to the registry, before its first write, so reads never miss it."""
+        await self._client.sadd(self._registry_key, worker_member(worker))
+        if self._registry is not None:
+            self._registry.add(worker)
+
+    # -- other writes ---------------------------------------------------------------------
+
+    async def _write_op(
+        self, worker: WorkerKey, build: Callable[[Mirror, str], tuple[Plan, T]], absent: T
+    ) -> T:
+        """A non-batch write, `build(mirror, version) -> (plan, result)`, on a current mirror.
+
+        `absent` is the result for a worker Redis does not know, which stays unknown.
+        """
+        w = self._writer(worker)
+        async with w.lock:
+            for _ in range(WRITE_ATTEMPTS):
+                mirror = w.mirror
+                if mirror is None or not mirror.registered:
+                    # An unknown worker may have been created elsewhere since: look again.
+                    mirror = w.mirror = await self._load(w)
+                if not mirror.registered:
+                    return absent
+                token = self._token()
+                try:
+                    plan, result = build(mirror, token)
+                    reply = await self._eval(plan, None, mirror.ver, "applied")
+                except BaseException:
+                    w.mirror = None
+                    raise
+                if reply.outcome == "applied":
+                    mirror.ver = token
+                    return result
+                w.mirror = None
+        raise RuntimeError(f"worker {worker}: changed by another writer on every attempt")
+
+    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
+        """HSET on the worker's meta and SADD to the registry; not versioned: the status is
+        no part of the index a mirror copies. O(1)."""
+        pipe = self._pipeline()
+        pipe.sadd(self._registry_key, worker_member(worker))
+        pipe.hset(
+            self.worker_keys(worker).meta,
+            mapping={
+                "state": status.state.value,
+                "since": status.since,
+                "detail": status.detail,
+                "lost": status.batches_lost,
+            },
+        )
+        await pipe.execute()
+        if self._registry is not None:
+            self._registry.add(worker)
+
+    async def mark_unconfirmed(self, worker: WorkerKey) -> int:
+        """SUNIONSTORE of each part's sets into its unconfirmed set, in Redis; the mirror
+        keeps the same set, and later stores and removals shrink both. O(worker entries),
+        plus loading the mirror if this process has none."""
+        return await self._write_op(worker, Mirror.mark_unconfirmed, 0)
+
+    async def drop_unconfirmed(self, worker: WorkerKey) -> int:
+        """SREMs from the holders' sets, worked out from the mirror (loaded if absent).
+        O(unconfirmed entries x sessions holding each)."""
+        return await self._write_op(worker, Mirror.drop_unconfirmed, 0)
+
+    async def clear_worker(self, worker: WorkerKey) -> None:
+        """DEL of the worker's set keys and residency hash, named by its mirror (no SCAN).
+        O(its keys), plus loading the mirror if this process has none."""
+        await self._write_op(worker, lambda m, token: (m.clear(token), None), None)
+
+    async def remove_worker(self, worker: WorkerKey) -> None:
+        """Every key of the worker, named by its mirror, then its registry entry.
+
+        Its sessions' last_seen goes first to the retired record (ZADD LT), so sessions
+        seen there outlive it until they expire, as in the memory store. A writer still
+        streaming the worker re-creates and re-registers it with its next batch, and a
+        session first seen on it between the copy and the removal is forgotten early.
+        O(its keys + entries + sessions).
+        """
+        seen = cast(
+            list[tuple[bytes, float]],
+            await self._client.zrange(self.worker_keys(worker).seen, 0, -1, withscores=True),
+        )
+        for start in range(0, len(seen), MAX_ARGS):
+            await self._client.zadd(
+                self._retired_key, dict(seen[start : start + MAX_ARGS]), lt=True
+            )
+        await self._write_op(worker, lambda m, token: (m.remove(), None), None)
+        await self._client.srem(self._registry_key, worker_member(worker))
+        if self._registry is not None:
+            self._registry.discard(worker)
+        self._writers.pop(worker, None)
+
+    async def expire_sessions(self, older_than: float) -> int:
+        """Sessions without blocks and idle on every worker lose their records, worker by
+        worker, through expire.lua (which re-checks atomically: one stored meanwhile stays).
+
+        Three pipelined rounds; O(sessions idle on some worker x workers). Then this
+        process's mirrors forget the residencies of sessions expired, here or by another
+        process's janitor, so their memory stays bounded.
+        """
+        sources = await self._seen_sources(None)
+        threshold = -older_than
+        pipe = self._pipeline()
+        for source in sources:
+            pipe.zrange(source.seen, f"({threshold!r}", "+inf", byscore=True)
+        candidates = sorted({sid for seen in await pipe.execute() for sid in seen})
+        forgotten = 0
+        for start in range(0, len(candidates), MAX_ARGS):
+            chunk = candidates[start : start + MAX_ARGS]
+            forgotten += await self._expire(sources, threshold, chunk)
+        for w in list(self._writers.values()):
+            await self._forget_expired(w, older_than)
+        return forgotten
+
+    async def _expire(self, sources: list[Seen], threshold: float, candidates: list[bytes]) -> int:
+        residencies = [s.res for s in sources if s.res is not None]
+        pipe = self._pipeline()
+        for source in sources:
+            pipe.zmscore(source.seen, candidates)
+        for res in residencies:
+            pipe.hmget(res, candidates)
+        out = await pipe.execute()
+        scores, held = out[: len(sources)], out[len(sources) :]
+        idle = [
+            sid
+            for i, sid in enumerate(candidates)
+            if all(s[i] is None or s[i] > threshold for s in scores)
+            # A residency value holds a space only when it lists blocks.
+            and not any(r[i] is not None and b" " in r[i] for r in held)
+        ]
+        if not idle:
+            return 0
+        kept = await asyncio.gather(
+            *(
+                self._expire_script(
+                    keys=[s.seen] if s.res is None else [s.seen, s.res], args=[threshold, *idle]
+                )
+                for s in sources
+            )
+        )
+        return len(set(idle).difference(sid for ids in kept for sid in ids))
+
+    async def _forget_expired(self, w: _Writer, older_than: float) -> None:
+        """Drop the mirror's idle residencies that Redis no longer has (expired)."""
+        async with w.lock:  # no write of this worker runs meanwhile
+            mirror = w.mirror
+            if mirror is None:
+                return
+            idle = mirror.idle(older_than)
+            for start in range(0, len(idle), MAX_ARGS):
+                chunk = idle[start : start + MAX_ARGS]
+                scores = await self._client.zmscore(w.keys.seen, chunk)
+                mirror.forget(sid for sid, s in zip(chunk, scores, strict=True) if s is None)
+
+    async def close(self) -> None:
+        if self._direct is not None:
+            await self._direct.aclose()
+        await self._client.aclose()

@@ -1,0 +1,130 @@
+"""Where the Redis store keeps what: key names, set members and the values it parses back.
+
+Imports neither zmq, fastapi nor redis: pure naming, shared by the writer, the reader and tests.
+The layout itself is described in store/README.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from store.model import U64_MASK, Hash, WorkerKey
+
+DEFAULT_PREFIX = "kvsi"
+
+DIGEST_MARK = b"\x00"
+"""Leads a byte-digest member, so no digest ever reads as an integer member (and back)."""
+
+_SIGN = 1 << 63
+_WRAP = 1 << 64
+
+META_FENCE = ("seq", "epoch", "last_ts")
+"""Meta hash fields of the fence, in `store.model.Fence` order."""
+
+
+def member(h: Hash) -> int | bytes:
+    """A block hash as a set member: u64 as signed i64 (so Redis keeps an intset), digests marked.
+
+    Hashes arrive canonical (the ingest decoder applies `store.model.canonical_hash`).
+    """
+    if isinstance(h, bytes):
+        return DIGEST_MARK + h
+    return h - _WRAP if h >= _SIGN else h
+
+
+def members(hashes: Iterable[Hash]) -> list[int | bytes]:
+    """`member` of each hash; the all-int list (the common case) in one comprehension."""
+    try:
+        return [h - _WRAP if h >= _SIGN else h for h in hashes]  # type: ignore[operator]
+    except TypeError:  # a digest among them: bytes do not compare with ints
+        return [member(h) for h in hashes]
+
+
+def hash_of(raw: bytes) -> Hash:
+    """Inverse of `member` for what Redis returns: canonical (unsigned) ints, bare digests."""
+    if raw[:1] == DIGEST_MARK:
+        return raw[1:]
+    return int(raw) & U64_MASK
+
+
+def check_prefix(prefix: str) -> str:
+    """The prefix, if usable: braces would move the hash tag off the worker's name."""
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise ValueError(f"key prefix {prefix!r} must be non-empty and contain no '{{' or '}}'")
+    return prefix
+
+
+def registry_key(prefix: str) -> str:
+    """The set of known workers (`pod/rank` members); its own slot, one small key."""
+    return f"{prefix}:workers"
+
+
+def retired_key(prefix: str) -> str:
+    """Sessions seen on removed workers (-last_seen, as a worker's seen set): a session
+    outlives the workers it was seen on until it expires, as in the memory store."""
+    return f"{prefix}:retired"
+
+
+def worker_member(worker: WorkerKey) -> str:
+    return f"{worker.pod}/{worker.dp_rank}"
+
+
+def parse_worker(raw: bytes) -> WorkerKey:
+    pod, _, rank = raw.decode().rpartition("/")
+    return WorkerKey(pod, int(rank))
+
+
+class WorkerKeys:
+    """Every key of one worker: `<prefix>:{<pod>/<rank>}:<name>`, one hash tag, one slot.
+
+    Only the first `{...}` of a key is its hash tag, so the prefix stays outside the braces
+    and a session id (which may hold braces) only ever comes after them.
+    """
+
+    __slots__ = ("base", "meta", "parts", "res", "seen", "vlog")
+
+    def __init__(self, prefix: str, worker: WorkerKey) -> None:
+        if "{" in worker.pod or "}" in worker.pod:
+            raise ValueError(f"pod name {worker.pod!r} must not contain '{{' or '}}'")
+        self.base = f"{prefix}:{{{worker.pod}/{worker.dp_rank}}}:"
+        self.meta = self.base + "meta"
+        self.vlog = self.base + "vlog"
+        self.parts = self.base + "parts"
+        self.seen = self.base + "seen"
+        self.res = self.base + "res"
+
+    def session(self, pid: int, session_id: str) -> str:
+        """The session's entries in one part of the worker (medium, group)."""
+        return f"{self.base}s:{pid}:{session_id}"
+
+    def orphans(self, pid: int) -> str:
+        """Entries of the part that no session holds (stored without a session_id)."""
+        return f"{self.base}o:{pid}"
+
+    def unconfirmed(self, pid: int) -> str:
+        """Entries of the part held over an unrepaired gap, not stored again since."""
+        return f"{self.base}u:{pid}"
+
+
+def encode_part(medium: str, group: int) -> str:
+    return f"{group}|{medium}"
+
+
+def decode_part(raw: bytes) -> tuple[str, int]:
+    """(medium, group) of a parts-hash value; the medium may itself contain '|'."""
+    group, _, medium = raw.decode().partition("|")
+    return medium, int(group)
+
+
+def encode_residency(last_seen: float, counts: dict[int, int]) -> str:
+    """`<last_seen> <pid>:<count> ...`: a residency's time and its non-zero counts per part."""
+    return " ".join([repr(last_seen), *(f"{pid}:{n}" for pid, n in counts.items())])
+
+
+def decode_residency(raw: bytes) -> tuple[float, dict[int, int]]:
+    head, *counts = raw.split()
+    out: dict[int, int] = {}
+    for item in counts:
+        pid, _, n = item.partition(b":")
+        out[int(pid)] = int(n)
+    return float(head), out

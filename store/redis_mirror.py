@@ -1,0 +1,443 @@
+"""The writer's copy of one worker's index: the reverse map that turns a batch into plain writes.
+
+Imports neither zmq, fastapi nor redis: store.redis loads it and sends the Plans it returns.
+
+Why a copy: DESIGN.md measured that per-block logic inside Redis is what limits ingest. Every
+writer of a worker's stream applies the same batches in the same order, so the writer can
+keep the reverse map (entry -> sessions) here, work out each batch's delta in Python and send
+Redis variadic SADD/SREM per touched key, guarded by the fence and this copy's version.
+Methods mutate the copy while they build the Plan; the caller discards the copy whenever
+Redis does not confirm the write, and reloads it when needed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from typing import Final
+
+import msgspec
+
+from store.model import (
+    DEFAULT_MEDIUM,
+    AllCleared,
+    ApplyOutcome,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    Fence,
+    Hash,
+    advance,
+)
+from store.redis_layout import WorkerKeys, encode_part, encode_residency, members
+from store.redis_plan import HSET, HSETNX, LPUSH, LTRIM, SADD, SREM, ZADD, Arg, Plan
+
+PartKey = tuple[str, int]
+"""(medium, group_idx): the part of a worker's cache an entry lives in."""
+
+Holders = str | set[str] | None
+"""Who holds an entry, as in store.memory: no session, one (its Residency's own id object, so
+the common check is `is`), or several."""
+
+_ABSENT: Final[set[str]] = set()
+"""Default of `holders.get`: an object of the holder type that is never stored."""
+
+VLOG_LENGTH = 16
+"""Versions kept in the worker's log: how far (in batches) a second writer of the same stream
+may lag and still follow the first without reloading its copy."""
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def batch_id(batch: Batch) -> str:
+    """What names a batch in the version log: seq, engine time and a CRC of its events.
+
+    (seq, ts) alone names a batch of one stream; the CRC (~2 µs a batch) makes sure that a
+    writer follows another's version only for the very events it applied itself.
+    """
+    return f"{batch.seq}:{batch.ts!r}:{zlib.crc32(_ENCODER.encode(batch.events)):08x}"
+
+
+class Part:
+    """One (medium, group) of the worker: entry -> holders, and entries still unconfirmed."""
+
+    __slots__ = ("group", "holders", "medium", "okey", "pending", "pid", "ukey")
+
+    def __init__(self, keys: WorkerKeys, pid: int, medium: str, group: int) -> None:
+        self.pid = pid
+        self.medium = medium
+        self.group = group
+        self.holders: dict[Hash, Holders] = {}
+        self.pending: set[Hash] = set()
+        self.okey = keys.orphans(pid)
+        self.ukey = keys.unconfirmed(pid)
+
+
+class Residency:
+    """One session on this worker: blocks per part, and when it last stored here."""
+
+    __slots__ = ("counts", "keys", "session_id", "t", "total")
+
+    def __init__(self, session_id: str, t: float = 0.0) -> None:
+        self.session_id = session_id
+        self.t = t
+        self.counts: dict[int, int] = {}
+        self.total = 0
+        self.keys: dict[int, str] = {}
+        """Set key per part id, built once (key strings cost more than the set operations)."""
+
+
+class _Delta:
+    """What a write changes, keyed so the last change of a member wins (store then remove)."""
+
+    __slots__ = ("deletes", "new_parts", "pending", "sets", "touched")
+
+    def __init__(self) -> None:
+        self.sets: dict[str, dict[Hash, bool]] = {}
+        """Session and orphan sets: member -> present at the end."""
+        self.pending: dict[str, list[Hash]] = {}
+        self.touched: dict[str, Residency] = {}
+        self.deletes: list[str] = []
+        self.new_parts: list[Part] = []
+
+    def set(self, key: str) -> dict[Hash, bool]:
+        acc = self.sets.get(key)
+        if acc is None:
+            acc = self.sets[key] = {}
+        return acc
+
+
+class Mirror:
+    """One worker's entries, holders, residencies, fence and version, as Redis has them.
+
+    `ver` is the stored version this copy reflects: every write changes it, and apply.lua
+    writes only if it still matches, so a stale copy can never write a wrong delta.
+    """
+
+    def __init__(self, keys: WorkerKeys, ver: str, fence: Fence | None, has_status: bool) -> None:
+        self.keys = keys
+        self.ver = ver
+        self.fence = fence
+        self.has_status = has_status
+        self.parts: dict[PartKey, Part] = {}
+        self.by_pid: dict[int, Part] = {}
+        self.res: dict[str, Residency] = {}
+        self.nonempty = 0
+        """Residencies holding at least one block: the worker's `sessions` count."""
+        self.writes = 0
+        """Writes through this copy: every VLOG_LENGTH-th one trims the version log."""
+        self.registered = False
+        """Whether the worker is in the registry (its meta existed at load, or we added it)."""
+
+    # -- loading (store.redis reads the keys, this rebuilds the maps) -----------------------
+
+    def add_part(self, pid: int, medium: str, group: int) -> Part:
+        part = self.parts[(medium, group)] = self.by_pid[pid] = Part(self.keys, pid, medium, group)
+        return part
+
+    def add_residency(self, session_id: str, t: float) -> Residency:
+        res = self.res[session_id] = Residency(session_id, t)
+        return res
+
+    def hold(self, part: Part, res: Residency, hashes: Iterable[Hash]) -> None:
+        """Load one session set: `res` holds `hashes` in `part`."""
+        holders = part.holders
+        sid = res.session_id
+        added = 0
+        for h in hashes:
+            cur = holders.get(h, _ABSENT)
+            if cur is _ABSENT or cur is None:
+                holders[h] = sid
+            elif isinstance(cur, str):
+                holders[h] = {cur, sid}
+            else:
+                cur.add(sid)
+            added += 1
+        if added:
+            if not res.total:
+                self.nonempty += 1
+            res.counts[part.pid] = res.counts.get(part.pid, 0) + added
+            res.total += added
+
+    def add_orphans(self, part: Part, hashes: Iterable[Hash]) -> None:
+        for h in hashes:
+            part.holders.setdefault(h, None)
+
+    # -- writes: each mutates the copy and returns the Plan that makes Redis agree ---------
+
+    def apply(self, batch: Batch, outcome: ApplyOutcome, token: str, now: float) -> Plan:
+        """The batch's delta for an APPLIED or RESTARTED outcome."""
+        d = _Delta()
+        if outcome is ApplyOutcome.RESTARTED:
+            self._clear(d)
+        ts = batch.ts
+        stored: dict[str, None] = {}
+        for event in batch.events:
+            if isinstance(event, BlocksStored):
+                self._store(d, event, ts, stored)
+            elif isinstance(event, BlocksRemoved):
+                self._remove(d, event)
+            elif isinstance(event, AllCleared):
+                self._clear(d)
+        self.fence = fence = advance(self.fence, outcome, batch.seq, ts)
+        plan = self._plan(
+            d,
+            token,
+            batch_id(batch),
+            ["seq", fence.seq, "epoch", fence.epoch_ts, "last_ts", fence.last_ts, "event_at", now],
+        )
+        if stored:
+            # Global last_seen is the max over workers; -t so that ascending order is the
+            # listing order, and LT keeps the max. A new session starts at 0, as in memory.
+            score = -max(ts, 0.0)
+            args: list[Arg] = []
+            for sid in stored:
+                args += (score, sid)
+            plan.call(ZADD, self.keys.seen, args, lead=("LT",))
+        if not self.has_status:
+            plan.call(HSETNX, self.keys.meta, ["since", now])
+            self.has_status = True
+        return plan
+
+    def mark_unconfirmed(self, token: str) -> tuple[Plan, int]:
+        """Copy every part's entries to its unconfirmed set (SUNIONSTORE, server side)."""
+        plan = Plan(self.keys)
+        for part in self.by_pid.values():
+            part.pending = set(part.holders)
+            if part.pending:
+                sources = [
+                    self._key(r, part.pid) for r in self.res.values() if part.pid in r.counts
+                ]
+                plan.union_store(part.ukey, [*sources, part.okey])
+            else:
+                plan.delete([part.ukey])
+        self._finish(plan, token, "", [])
+        return plan, self._unconfirmed()
+
+    def drop_unconfirmed(self, token: str) -> tuple[Plan, int]:
+        """Remove the still-unconfirmed entries from the worker and their sessions."""
+        d = _Delta()
+        dropped = 0
+        for part in self.by_pid.values():
+            if part.pending:
+                gone, part.pending = part.pending, set()
+                dropped += len(gone)
+                self._remove_hashes(d, part, gone)
+                d.deletes.append(part.ukey)
+        return self._plan(d, token, "", []), dropped
+
+    def clear(self, token: str) -> Plan:
+        """Drop every entry and residency; fence, parts and the seen sessions stay."""
+        d = _Delta()
+        self._clear(d)
+        return self._plan(d, token, "", [])
+
+    def remove(self) -> Plan:
+        """Delete every key of the worker."""
+        d = _Delta()
+        self._clear(d)
+        keys = self.keys
+        plan = Plan(keys)
+        plan.delete([*d.deletes, keys.meta, keys.vlog, keys.parts, keys.seen])
+        return plan
+
+    def idle(self, older_than: float) -> list[str]:
+        """Residencies without blocks, last stored before `older_than`: expiry candidates."""
+        return [sid for sid, r in self.res.items() if not r.total and r.t < older_than]
+
+    def forget(self, session_ids: Iterable[str]) -> None:
+        """Drop residencies whose session expired (whoever expired it), if still empty."""
+        for sid in session_ids:
+            res = self.res.get(sid)
+            if res is not None and not res.total:
+                del self.res[sid]
+
+    # -- the delta ---------------------------------------------------------------------
+
+    def _part(self, medium: str, group: int, d: _Delta) -> Part:
+        part = self.parts.get((medium, group))
+        if part is None:
+            part = self.add_part(len(self.by_pid), medium, group)
+            d.new_parts.append(part)
+        return part
+
+    def _key(self, res: Residency, pid: int) -> str:
+        key = res.keys.get(pid)
+        if key is None:
+            key = res.keys[pid] = self.keys.session(pid, res.session_id)
+        return key
+
+    def _store(self, d: _Delta, event: BlocksStored, ts: float, stored: dict[str, None]) -> None:
+        # The hot path of ingest: lookups are inlined rather than factored into helpers.
+        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+        if part is None:
+            part = self._part(event.medium or DEFAULT_MEDIUM, event.group_idx or 0, d)
+        hashes = event.block_hashes
+        if part.pending:
+            self._confirm(d, part, hashes)
+        holders = part.holders
+        if event.session_id is None:
+            acc = d.set(part.okey)
+            for h in hashes:
+                if holders.get(h, _ABSENT) is _ABSENT:
+                    holders[h] = None
+                    acc[h] = True
+            return
+        res = self.res.get(event.session_id)
+        if res is None:
+            res = self.add_residency(event.session_id, 0.0)
+            d.touched[res.session_id] = res
+        sid = res.session_id
+        stored[sid] = None
+        if ts > res.t:
+            res.t = ts
+            d.touched[sid] = res
+        pid = part.pid
+        key = res.keys.get(pid) or self._key(res, pid)
+        held = d.sets.get(key)
+        if held is None:
+            held = d.sets[key] = {}
+        added = 0
+        for h in hashes:
+            cur = holders.get(h, _ABSENT)
+            if cur is _ABSENT:
+                holders[h] = sid
+            elif cur is None:
+                holders[h] = sid
+                d.set(part.okey)[h] = False
+            elif cur is sid:
+                continue
+            elif isinstance(cur, str):
+                holders[h] = {cur, sid}
+            elif sid in cur:
+                continue
+            else:
+                cur.add(sid)
+            held[h] = True
+            added += 1
+        if added:
+            if not res.total:
+                self.nonempty += 1
+            res.total += added
+            res.counts[pid] = res.counts.get(pid, 0) + added
+            d.touched[sid] = res
+
+    def _confirm(self, d: _Delta, part: Part, hashes: list[Hash]) -> None:
+        gone = part.pending.intersection(hashes)
+        if gone:
+            part.pending -= gone
+            d.pending.setdefault(part.ukey, []).extend(gone)
+
+    def _remove(self, d: _Delta, event: BlocksRemoved) -> None:
+        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+        if part is None:
+            return
+        if part.pending:
+            self._confirm(d, part, event.block_hashes)
+        self._remove_hashes(d, part, event.block_hashes)
+
+    def _remove_hashes(self, d: _Delta, part: Part, hashes: Iterable[Hash]) -> None:
+        pop = part.holders.pop
+        pid = part.pid
+        sets = d.sets
+        for h in hashes:
+            cur = pop(h, _ABSENT)
+            if cur is _ABSENT:
+                continue
+            if cur is None:
+                d.set(part.okey)[h] = False
+                continue
+            for sid in (cur,) if isinstance(cur, str) else cur:
+                # Inlined: this loop is the cost of evictions, one pass per (block, holder).
+                res = self.res[sid]
+                key = res.keys.get(pid) or self._key(res, pid)
+                acc = sets.get(key)
+                if acc is None:
+                    acc = sets[key] = {}
+                acc[h] = False
+                left = res.counts[pid] - 1
+                if left:
+                    res.counts[pid] = left
+                else:
+                    del res.counts[pid]
+                res.total -= 1
+                if not res.total:
+                    self.nonempty -= 1
+                d.touched[sid] = res
+
+    def _clear(self, d: _Delta) -> None:
+        # Keys touched earlier in this write may exist in Redis with members this copy no
+        # longer lists (a removal before the clear), so they are deleted too.
+        d.deletes.extend(d.sets)
+        for res in self.res.values():
+            d.deletes.extend(self._key(res, pid) for pid in res.counts)
+        for part in self.by_pid.values():
+            d.deletes += (part.okey, part.ukey)
+            part.holders.clear()
+            part.pending.clear()
+        d.deletes.append(self.keys.res)
+        self.res.clear()
+        self.nonempty = 0
+        d.sets.clear()
+        d.pending.clear()
+        d.touched.clear()
+
+    def _unconfirmed(self) -> int:
+        return sum(len(p.pending) for p in self.by_pid.values())
+
+    def _plan(self, d: _Delta, token: str, name: str, meta: list[Arg]) -> Plan:
+        keys = self.keys
+        plan = Plan(keys)
+        if d.deletes:
+            plan.delete(d.deletes)
+        for part in d.new_parts:
+            plan.call(HSET, keys.parts, [part.pid, encode_part(part.medium, part.group)])
+        call = plan.call
+        for key, acc in d.sets.items():
+            if not acc:
+                continue
+            if False not in acc.values():
+                call(SADD, key, members(acc))
+            elif True not in acc.values():
+                call(SREM, key, members(acc))
+            else:
+                call(SADD, key, members([h for h, present in acc.items() if present]))
+                call(SREM, key, members([h for h, present in acc.items() if not present]))
+        for key, gone in d.pending.items():
+            plan.call(SREM, key, members(gone))
+        if d.touched:
+            args: list[Arg] = []
+            for sid, res in d.touched.items():
+                if res.total == res.counts.get(0):  # one part, the first: the common case
+                    args += (sid, f"{res.t!r} 0:{res.total}")
+                else:
+                    args += (sid, encode_residency(res.t, res.counts))
+            call(HSET, keys.res, args)
+        self._finish(plan, token, name, meta)
+        return plan
+
+    def _finish(self, plan: Plan, token: str, name: str, meta: list[Arg]) -> None:
+        """Counts, version and its log entry (`name`: the batch, "" for other writes)."""
+        blocks = sum(len(p.holders) for p in self.by_pid.values())
+        plan.call(
+            HSET,
+            self.keys.meta,
+            [
+                "ver",
+                token,
+                "blocks",
+                blocks,
+                "sessions",
+                self.nonempty,
+                "unconfirmed",
+                self._unconfirmed(),
+                *meta,
+            ],
+        )
+        plan.call(LPUSH, self.keys.vlog, [f"{self.ver} {token} {name}"])
+        self.writes += 1
+        if not self.writes % VLOG_LENGTH:
+            # Trimmed every VLOG_LENGTH writes, not each: the list stays under twice that
+            # per writer, for one command in VLOG_LENGTH.
+            plan.call(LTRIM, self.keys.vlog, [0, VLOG_LENGTH - 1])

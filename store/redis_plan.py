@@ -1,0 +1,72 @@
+"""The write program store/lua/apply.lua runs: KEYS in op order, then flat ops of plain writes.
+
+Imports neither zmq, fastapi nor redis. The writer builds one Plan per write; the script only
+checks the fence and version, then replays the ops, so no per-block logic runs in Redis.
+Each op is `code, count, args...`: it takes the next KEYS entry and `count` args, or, for the
+multi-key codes (DEL, SUNIONSTORE), the next `count` KEYS entries and no args. Two header
+args per op, not four: every argument costs Redis a Lua string and the client a packing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from store.redis_layout import WorkerKeys
+
+Arg = str | int | float | bytes
+
+MAX_ARGS = 4000
+"""Args (or keys) per op: Redis' Lua cannot `unpack` more than 8000 values into one call."""
+
+# Op codes, as apply.lua's CMD table maps them to commands (a whitelist, not free text).
+SADD = "a"
+SREM = "r"
+HSET = "h"
+HSETNX = "n"
+ZADD = "z"
+LPUSH = "l"
+LTRIM = "t"
+DEL = "d"
+SUNIONSTORE = "u"
+
+
+class Plan:
+    """KEYS (meta and version log first, for the guard) and ARGV ops for one apply.lua call."""
+
+    __slots__ = ("keys", "ops")
+
+    def __init__(self, keys: WorkerKeys) -> None:
+        self.keys: list[str] = [keys.meta, keys.vlog]
+        self.ops: list[Arg] = []
+
+    def call(self, code: str, key: str, args: Sequence[Arg], lead: Sequence[Arg] = ()) -> None:
+        """One command on one key; long arg lists split into several (each with `lead` first).
+
+        Splits keep pairs together (MAX_ARGS is even), so HSET and ZADD stay well-formed.
+        """
+        if len(args) <= MAX_ARGS:
+            self.keys.append(key)
+            ops = self.ops
+            ops.append(code)
+            ops.append(len(lead) + len(args))
+            if lead:
+                ops += lead
+            ops += args
+            return
+        for start in range(0, len(args), MAX_ARGS):
+            self.call(code, key, args[start : start + MAX_ARGS], lead)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """DEL of many keys."""
+        for start in range(0, len(keys), MAX_ARGS):
+            self._many(DEL, keys[start : start + MAX_ARGS])
+
+    def union_store(self, dest: str, sources: Sequence[str]) -> None:
+        """dest := union of sources (SUNIONSTORE, folding long lists into dest step by step)."""
+        self._many(SUNIONSTORE, [dest, *sources[:MAX_ARGS]])
+        for start in range(MAX_ARGS, len(sources), MAX_ARGS):
+            self._many(SUNIONSTORE, [dest, dest, *sources[start : start + MAX_ARGS]])
+
+    def _many(self, code: str, keys: Sequence[str]) -> None:
+        self.ops += (code, len(keys))
+        self.keys += keys

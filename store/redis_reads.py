@@ -1,0 +1,392 @@
+"""The Redis store's read side: every query the API makes, answered from Redis alone.
+
+Imports neither zmq nor fastapi, nor the writer's mirror: an API-only replica has none.
+Queries fan out over the registered workers in pipelines (one round trip per Redis node
+each), and never SCAN the keyspace. Layout: store/README.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, cast
+
+from redis.asyncio import Redis, RedisCluster
+
+from store.model import (
+    Fence,
+    Hash,
+    Page,
+    SessionOnWorker,
+    SessionSummary,
+    SessionView,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+    WorkerView,
+)
+from store.paging import decode_session_cursor, encode_session_cursor, page_hashes
+from store.redis_layout import (
+    META_FENCE,
+    WorkerKeys,
+    check_prefix,
+    decode_part,
+    decode_residency,
+    hash_of,
+    parse_worker,
+    registry_key,
+    retired_key,
+)
+from store.redis_plan import MAX_ARGS
+
+Client = Redis | RedisCluster
+
+Place = tuple[float, str]
+"""A session's place in the listing: (-last_seen, session id), ascending."""
+
+
+class Seen(NamedTuple):
+    """Where sessions are recorded: a worker (its seen set and residencies), or `retired`."""
+
+    seen: str
+    res: str | None
+    counted: bool
+    """Its blocks count in a listing (the listing's pod filter)."""
+
+
+def fence_of(meta: dict[bytes, bytes | None]) -> Fence | None:
+    """The fence in a worker's meta hash, None before its first batch."""
+    seq, epoch, last = (meta.get(name.encode()) for name in META_FENCE)
+    if seq is None or epoch is None or last is None:
+        return None
+    return Fence(seq=int(seq), epoch_ts=float(epoch), last_ts=float(last))
+
+
+def _medium(parts: dict[bytes, bytes], pid: int) -> str | None:
+    """The medium of part `pid`; None if unknown (the worker was removed meanwhile)."""
+    raw = parts.get(str(pid).encode())
+    return None if raw is None else decode_part(raw)[0]
+
+
+def _by_medium(counts: dict[int, int], parts: dict[bytes, bytes]) -> dict[str, int] | None:
+    """Blocks per medium; None if a part is unknown (the worker was removed meanwhile)."""
+    out: dict[str, int] = {}
+    for pid, n in counts.items():
+        medium = _medium(parts, pid)
+        if medium is None:
+            return None
+        out[medium] = out.get(medium, 0) + n
+    return out
+
+
+def _hashes(found: Iterable[Iterable[bytes]]) -> set[Hash]:
+    return {hash_of(m) for members in found for m in members}
+
+
+def _places(found: list[tuple[bytes, float]]) -> list[Place]:
+    return [(score, sid.decode()) for sid, score in found]
+
+
+class RedisReader:
+    """Reads of the index (the read half of the IndexStore contract) over a Redis client."""
+
+    def __init__(self, client: Client, *, prefix: str, registry_ttl: float) -> None:
+        self._client = client
+        self._prefix = check_prefix(prefix)
+        self._registry_key = registry_key(prefix)
+        self._retired_key = retired_key(prefix)
+        self._registry_ttl = registry_ttl
+        self._registry: set[WorkerKey] | None = None
+        self._registry_at = 0.0
+        self._keys: dict[WorkerKey, WorkerKeys] = {}
+
+    def worker_keys(self, worker: WorkerKey) -> WorkerKeys:
+        """The worker's key names (cached: building them costs more than using them)."""
+        keys = self._keys.get(worker)
+        if keys is None:
+            keys = self._keys[worker] = WorkerKeys(self._prefix, worker)
+        return keys
+
+    async def _known(self) -> list[WorkerKey]:
+        """Registered workers, from a cache at most `registry_ttl` old.
+
+        The cache spares every query a round trip to the registry's node; this process's
+        own registrations and removals update it at once, other processes' after the ttl.
+        """
+        now = time.monotonic()
+        if self._registry is None or now - self._registry_at >= self._registry_ttl:
+            raw = cast(set[bytes], await self._client.smembers(self._registry_key))
+            self._registry = {parse_worker(m) for m in raw}
+            self._registry_at = now
+        return sorted(self._registry)
+
+    def _pipeline(self) -> Any:
+        return self._client.pipeline(transaction=False)
+
+    async def fence(self, worker: WorkerKey) -> Fence | None:
+        """Read from Redis (not a mirror): another replica may have advanced it. O(1)."""
+        fields = list(META_FENCE)
+        values = cast(
+            list[bytes | None], await self._client.hmget(self.worker_keys(worker).meta, fields)
+        )
+        return fence_of(dict(zip((f.encode() for f in fields), values, strict=True)))
+
+    async def get_session(self, session_id: str) -> SessionView | None:
+        """ZSCORE, HGET and HGETALL of the (small) parts hash per registered worker, and a
+        ZSCORE of the retired record, in one pipeline: one round trip per Redis node.
+        O(workers)."""
+        workers = await self._known()
+        pipe = self._pipeline()
+        pipe.zscore(self._retired_key, session_id)
+        for w in workers:
+            keys = self.worker_keys(w)
+            pipe.zscore(keys.seen, session_id)
+            pipe.hget(keys.res, session_id)
+            pipe.hgetall(keys.parts)
+        retired, *out = await pipe.execute()
+        scores = [s for s in [retired, *out[0::3]] if s is not None]
+        if not scores:
+            return None
+        views = []
+        for w, raw, parts in zip(workers, out[1::3], out[2::3], strict=True):
+            if raw is None:
+                continue
+            t, counts = decode_residency(raw)
+            by_medium = _by_medium(counts, parts)
+            if counts and by_medium is not None:
+                views.append(
+                    SessionOnWorker(
+                        pod=w.pod,
+                        dp_rank=w.dp_rank,
+                        blocks=sum(counts.values()),
+                        by_medium=by_medium,
+                        last_seen=t,
+                    )
+                )
+        views.sort(key=lambda s: (-s.blocks, s.pod, s.dp_rank))
+        return SessionView(
+            session_id=session_id,
+            total_blocks=sum(v.blocks for v in views),
+            last_seen=-min(scores),
+            workers=views,
+        )
+
+    async def session_blocks(
+        self,
+        session_id: str,
+        *,
+        pod: str | None,
+        medium: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[Hash] | None:
+        """Two pipelined rounds: where the session is (and in which parts), then SUNION of its
+        sets per worker, in Redis. Every page reads all its blocks: O(session blocks)."""
+        workers = await self._known()
+        pipe = self._pipeline()
+        pipe.zscore(self._retired_key, session_id)
+        for w in workers:
+            keys = self.worker_keys(w)
+            pipe.zscore(keys.seen, session_id)
+            pipe.hget(keys.res, session_id)
+            pipe.hgetall(keys.parts)
+        retired, *out = await pipe.execute()
+        if all(s is None for s in [retired, *out[0::3]]):
+            return None
+        pipe = self._pipeline()
+        unions = 0
+        for w, raw, parts in zip(workers, out[1::3], out[2::3], strict=True):
+            if raw is None or (pod is not None and w.pod != pod):
+                continue
+            keys = self.worker_keys(w)
+            held = decode_residency(raw)[1]
+            sets = [
+                keys.session(pid, session_id)
+                for pid in held
+                if medium is None or _medium(parts, pid) == medium
+            ]
+            if sets:
+                # execute_command: the cluster pipeline refuses multi-key helpers, even
+                # for keys of one slot, which these are.
+                pipe.execute_command("SUNION", *sets)
+                unions += 1
+        found = await pipe.execute() if unions else []
+        return page_hashes(_hashes(found), limit, cursor)
+
+    async def worker_blocks(
+        self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None
+    ) -> Page[Hash] | None:
+        """The union of the pod's session and orphan sets (SUNION per worker, in Redis).
+
+        Two pipelined rounds; every page reads all the pod's entries: O(pod entries).
+        """
+        workers = [
+            w
+            for w in await self._known()
+            if w.pod == pod and (dp_rank is None or w.dp_rank == dp_rank)
+        ]
+        if not workers:
+            return None
+        pipe = self._pipeline()
+        for w in workers:
+            keys = self.worker_keys(w)
+            pipe.exists(keys.meta)
+            pipe.hgetall(keys.parts)
+            pipe.hgetall(keys.res)
+        out = await pipe.execute()
+        if not any(out[0::3]):
+            return None
+        pipe = self._pipeline()
+        unions = 0
+        for w, parts, residencies in zip(workers, out[1::3], out[2::3], strict=True):
+            keys = self.worker_keys(w)
+            pids = {
+                int(pid)
+                for pid, raw in parts.items()
+                if medium is None or decode_part(raw)[0] == medium
+            }
+            sets = [keys.orphans(pid) for pid in pids]
+            for sid, raw in residencies.items():
+                held = decode_residency(raw)[1]
+                sets += (keys.session(pid, sid.decode()) for pid in held if pid in pids)
+            for start in range(0, len(sets), MAX_ARGS):
+                pipe.execute_command("SUNION", *sets[start : start + MAX_ARGS])
+                unions += 1
+        found = await pipe.execute() if unions else []
+        return page_hashes(_hashes(found), limit, cursor)
+
+    async def list_sessions(
+        self, *, pod: str | None, limit: int, cursor: str | None
+    ) -> Page[SessionSummary]:
+        """Merge of the workers' seen sets (score -last_seen: ascending is the list order).
+
+        Each round is two pipelined trips per node: the next sessions of every worker after
+        the cursor, then those sessions' global last_seen (the max over workers) and block
+        counts. A session is listed once, at its global place; a worker where it was seen
+        earlier only proposes it. Rounds repeat, fetching twice as many, while the page is
+        short. Cost: O((limit + sessions sharing the cursor's last_seen) x workers) per
+        round; a pod filter matching few sessions takes more rounds.
+        """
+        after = decode_session_cursor(cursor) if cursor is not None else None
+        sources = await self._seen_sources(pod)
+        found: dict[str, tuple[Place, SessionSummary]] = {}
+        starts: list[Place | None] = [after] * len(sources)
+        chunk = limit + 1
+        while True:
+            candidates, bound = await self._next_sessions(sources, starts, chunk)
+            if candidates:
+                for place, summary in await self._summaries(sources, candidates):
+                    if after is not None and place <= after:
+                        continue  # listed on an earlier page, at its global place
+                    if bound is not None and place > bound:
+                        continue  # not every worker was read that far yet
+                    if pod is None or summary.blocks:
+                        found[summary.session_id] = (place, summary)
+            if len(found) > limit or bound is None:
+                break
+            starts = [bound] * len(sources)
+            chunk *= 2
+        ordered = sorted(found.values(), key=lambda item: item[0])
+        items = [s for _, s in ordered[:limit]]
+        more = len(ordered) > limit
+        return Page(items=items, next_cursor=encode_session_cursor(items[-1]) if more else None)
+
+    async def _seen_sources(self, pod: str | None) -> list[Seen]:
+        """Every record of sessions: the registered workers' and the retired one."""
+        sources = [
+            Seen(keys.seen, keys.res, pod is None or w.pod == pod)
+            for w in await self._known()
+            for keys in [self.worker_keys(w)]
+        ]
+        return [*sources, Seen(self._retired_key, None, False)]
+
+    async def _next_sessions(
+        self, sources: Sequence[Seen], starts: Sequence[Place | None], chunk: int
+    ) -> tuple[list[str], Place | None]:
+        """Up to `chunk` sessions of each source after its start, and the bound up to which
+        every source's sessions are all known (None: all of them are)."""
+        pipe = self._pipeline()
+        for k, start in zip(sources, starts, strict=True):
+            if start is None:
+                pipe.zrange(k.seen, 0, chunk - 1, withscores=True)
+            else:
+                # Ties (one batch stamps many sessions with one time) come in id order,
+                # which is the listing order; the cursor's own tie group is read whole.
+                score = repr(start[0])
+                pipe.zrange(k.seen, score, score, byscore=True, withscores=True)
+                pipe.zrange(
+                    k.seen, f"({score}", "+inf", byscore=True, offset=0, num=chunk, withscores=True
+                )
+        out = iter(await pipe.execute())
+        fetched: list[Place] = []
+        bound: Place | None = None
+        for start in starts:
+            if start is not None:
+                fetched += (p for p in _places(next(out)) if p > start)
+            rest = _places(next(out))
+            if len(rest) == chunk and (bound is None or rest[-1] < bound):
+                bound = rest[-1]
+            fetched += rest
+        sessions = {sid for score, sid in fetched if bound is None or (score, sid) <= bound}
+        return sorted(sessions), bound
+
+    async def _summaries(
+        self, sources: Sequence[Seen], candidates: list[str]
+    ) -> list[tuple[Place, SessionSummary]]:
+        """Each candidate's global place (max last_seen over sources) and block counts."""
+        counted = [k.res for k in sources if k.counted and k.res is not None]
+        pipe = self._pipeline()
+        for k in sources:
+            pipe.zmscore(k.seen, candidates)
+        for res in counted:
+            pipe.hmget(res, candidates)
+        out = await pipe.execute()
+        scores, residencies = out[: len(sources)], out[len(sources) :]
+        summaries = []
+        for i, sid in enumerate(candidates):
+            best = min((s[i] for s in scores if s[i] is not None), default=None)
+            if best is None:
+                continue  # expired meanwhile
+            counts = [sum(decode_residency(r[i])[1].values()) for r in residencies if r[i]]
+            summary = SessionSummary(
+                session_id=sid,
+                blocks=sum(counts),
+                workers=sum(1 for c in counts if c),
+                last_seen=-best,
+            )
+            summaries.append(((best, sid), summary))
+        return summaries
+
+    async def list_workers(self) -> list[WorkerView]:
+        """HGETALL of each registered worker's meta hash, pipelined. O(workers)."""
+        workers = await self._known()
+        if not workers:
+            return []
+        pipe = self._pipeline()
+        for w in workers:
+            pipe.hgetall(self.worker_keys(w).meta)
+        views = []
+        for w, meta in zip(workers, await pipe.execute(), strict=True):
+            if not meta:
+                continue  # removed by another process since the registry was read
+            fence = fence_of(meta)
+            event_at = meta.get(b"event_at")
+            state = meta.get(b"state")
+            views.append(
+                WorkerView(
+                    pod=w.pod,
+                    dp_rank=w.dp_rank,
+                    blocks=int(meta.get(b"blocks", 0)),
+                    sessions=int(meta.get(b"sessions", 0)),
+                    last_seq=fence.seq if fence else None,
+                    last_event_at=float(event_at) if event_at is not None else None,
+                    status=WorkerStatus(
+                        state=WorkerState(state.decode()) if state else WorkerState.CONNECTING,
+                        since=float(meta.get(b"since", 0.0)),
+                        detail=meta.get(b"detail", b"").decode(),
+                        batches_lost=int(meta.get(b"lost", 0)),
+                    ),
+                    unconfirmed=int(meta.get(b"unconfirmed", 0)),
+                )
+            )
+        return views

@@ -1,0 +1,28 @@
+"""Free loopback ports for tests that must name a port before something binds it."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+_BELOW_EPHEMERAL = (20_000, 32_000)
+"""Linux hands out outgoing ports from 32768 up: runs picked below never race with them."""
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port_run(length: int) -> int:
+    """A first port of `length` consecutive free ports, below the ephemeral range."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(*_BELOW_EPHEMERAL)
+        if all(_bindable(base + i) for i in range(length)):
+            return base
+    raise RuntimeError(f"no run of {length} free loopback ports")

@@ -1,0 +1,190 @@
+"""What the Redis store promises about its keys: one slot per worker, no SCAN, own prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from redis.asyncio.connection import Connection
+from redis.crc import key_slot
+
+from store.model import (
+    AllCleared,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
+from store.redis import RedisStore
+from store.select import open_store
+from tests.store.conftest import MakeStore
+
+pytestmark = pytest.mark.redis
+
+A = WorkerKey("pod-a", 0)
+B = WorkerKey("pod-b", 3)
+BIG = 2**64 - 59
+DIGEST = bytes(range(32))
+
+
+def _batches() -> list[Batch]:
+    """A stream touching every kind of write: stores with and without session, removals,
+    two parts, a clear, and session ids with braces (which must not move the hash tag)."""
+    return [
+        Batch(0, 1.0, [BlocksStored([1, 2, BIG], "GPU", 0, "s{1}"), BlocksStored([3], None)]),
+        Batch(1, 2.0, [BlocksStored([2, DIGEST], "CPU", 1, "{s2}"), BlocksRemoved([1])]),
+        Batch(2, 3.0, [AllCleared(), BlocksStored([4, 5], "GPU", 0, "s{1}")]),
+        Batch(3, 4.0, [BlocksRemoved([4], "GPU", 0), BlocksStored([6], "GPU", 0, "s3")]),
+    ]
+
+
+async def _fill(store: RedisStore, *workers: WorkerKey) -> None:
+    for worker in workers:
+        for batch in _batches():
+            await store.apply(worker, batch)
+
+
+def _snapshot(raw: redis.Redis, pattern: str) -> dict[bytes, Any]:
+    """Every key matching `pattern` with its serialized value (test side: KEYS is fine)."""
+    return {key: raw.dump(key) for key in raw.keys(pattern)}
+
+
+async def test_one_batch_writes_keys_of_one_cluster_slot(make_store: MakeStore) -> None:
+    store = await make_store()
+    seen: list[list[str]] = []
+    call = store._apply_call
+
+    async def recording(keys: list[str], args: list[Any]) -> Any:
+        seen.append(list(keys))
+        return await call(keys, args)
+
+    store._apply_call = recording
+    await _fill(store, B)
+    await store.mark_unconfirmed(B)
+    await store.drop_unconfirmed(B)
+    await store.clear_worker(B)
+    await store.remove_worker(B)
+    assert len(seen) > len(_batches())
+    for keys in seen:
+        assert {key_slot(k.encode()) for k in keys} == {key_slot(b"{pod-b/3}")}
+
+
+async def test_clearing_a_worker_touches_only_its_keys(
+    make_store: MakeStore, raw: redis.Redis, prefix: str
+) -> None:
+    store = await make_store()
+    await _fill(store, A, B)
+    before_b = _snapshot(raw, f"{prefix}:{{pod-b/3}}:*")
+    await store.clear_worker(A)
+    assert _snapshot(raw, f"{prefix}:{{pod-b/3}}:*") == before_b
+    left = {k.decode().rpartition("}:")[2] for k in raw.keys(f"{prefix}:{{pod-a/0}}:*")}
+    assert left == {"meta", "vlog", "parts", "seen"}  # fence, status, sessions ever seen
+    await store.remove_worker(A)
+    assert raw.keys(f"{prefix}:{{pod-a/0}}:*") == []
+    assert _snapshot(raw, f"{prefix}:{{pod-b/3}}:*") == before_b
+    assert raw.smembers(f"{prefix}:workers") == {b"pod-b/3"}
+
+
+async def test_the_store_never_scans_the_keyspace(make_store: MakeStore, raw: redis.Redis) -> None:
+    store = await make_store()
+    reader = await make_store()
+    raw.config_resetstat()
+    await _fill(store, A, B)
+    await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0))
+    await store.mark_unconfirmed(A)
+    await store.apply(A, Batch(9, 9.0, [BlocksStored([5], "GPU", 0, "s{1}")]))
+    await store.drop_unconfirmed(A)
+    for s in (store, reader):
+        await s.list_workers()
+        await s.list_sessions(pod=None, limit=1, cursor=None)
+        await s.list_sessions(pod="pod-b", limit=1, cursor="3.0|s")
+        await s.get_session("s3")
+        await s.session_blocks("s3", pod=None, medium="GPU", limit=2, cursor=None)
+        await s.worker_blocks("pod-a", dp_rank=None, medium=None, limit=2, cursor=None)
+        await s.fence(A)
+    await store.expire_sessions(100.0)
+    await store.clear_worker(B)
+    await store.remove_worker(A)
+    used = set(raw.info("commandstats"))
+    assert used & {"cmdstat_keys", "cmdstat_scan"} == set()
+    assert "cmdstat_evalsha" in used
+
+
+async def test_a_flushed_script_is_loaded_again(server_url: str, prefix: str) -> None:
+    store = RedisStore.from_url(f"{server_url}?prefix={prefix}")
+    try:
+        await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+        await store._client.script_flush()
+        await store.apply(A, Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s")]))
+        await store._client.script_flush()
+        await store.apply(A, Batch(2, 3.0, [BlocksRemoved([1, 2])]))
+        assert await store.expire_sessions(10.0) == 1
+        assert await store.get_session("s") is None
+    finally:
+        await store.close()
+
+
+async def test_prefixes_keep_fleets_apart(
+    make_store: MakeStore, raw: redis.Redis, prefix: str
+) -> None:
+    one = await make_store(prefix=f"{prefix}-one")
+    two = await make_store(prefix=f"{prefix}-two")
+    await one.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await two.apply(A, Batch(7, 1.0, [BlocksStored([2, 3], "GPU", 0, "s")]))
+    (w1,) = await one.list_workers()
+    (w2,) = await two.list_workers()
+    assert (w1.blocks, w1.last_seq, w2.blocks, w2.last_seq) == (1, 0, 2, 7)
+    await one.remove_worker(A)
+    gone = await one.get_session("s")
+    assert gone is not None and gone.total_blocks == 0  # kept until it expires
+    assert await one.expire_sessions(2.0) == 1
+    assert raw.keys(f"{prefix}-one*") == []
+    view = await two.get_session("s")
+    assert view is not None and view.total_blocks == 2
+    assert all(k.startswith(f"{prefix}-two:".encode()) for k in raw.keys(f"{prefix}-t*"))
+
+
+async def test_int_hashes_are_signed_members_of_an_intset(
+    make_store: MakeStore, raw: redis.Redis, prefix: str
+) -> None:
+    store = await make_store()
+    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, BIG, 2**63], "GPU", 0, "s")]))
+    await store.apply(A, Batch(1, 2.0, [BlocksStored([DIGEST], "GPU", 1, "s")]))
+    ints = f"{prefix}:{{pod-a/0}}:s:0:s"
+    assert raw.object("encoding", ints) == b"intset"
+    assert raw.smembers(ints) == {b"1", str(BIG - 2**64).encode(), str(-(2**63)).encode()}
+    assert raw.smembers(f"{prefix}:{{pod-a/0}}:s:1:s") == {b"\x00" + DIGEST}
+    page = await store.session_blocks("s", pod=None, medium=None, limit=10, cursor=None)
+    assert page is not None and page.items == [1, 2**63, BIG, DIGEST]
+
+
+def test_store_urls_select_the_backend_and_its_options() -> None:
+    store = open_store("redis://127.0.0.1:1/2?prefix=blue&registry_ttl=0.5&socket_timeout=3")
+    assert isinstance(store, RedisStore)
+    assert (store._prefix, store._registry_ttl) == ("blue", 0.5)
+    kwargs = store._client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+    assert (kwargs["db"], kwargs["socket_timeout"]) == (2, 3.0)
+    assert isinstance(open_store("redis+cluster://127.0.0.1:1"), RedisStore)
+    assert isinstance(open_store("rediss://127.0.0.1:1"), RedisStore)
+    with pytest.raises(ValueError, match="must be non-empty and contain no"):
+        RedisStore.from_url("redis://127.0.0.1:1?prefix=a{b}")
+    with pytest.raises(ValueError, match="registry_ttl must be a number"):
+        RedisStore.from_url("redis://127.0.0.1:1?registry_ttl=soon")
+    with pytest.raises(ValueError, match="scheme must be one of redis, rediss"):
+        RedisStore.from_url("valkey://127.0.0.1:1")
+
+
+def test_connections_pack_with_hiredis_exactly_as_redis_py() -> None:
+    standalone = RedisStore.from_url("redis://127.0.0.1:1")
+    cluster = RedisStore.from_url("redis+cluster://127.0.0.1:1")
+    conn_class = standalone._client.connection_pool.connection_class  # type: ignore[union-attr]
+    kwargs = cluster._client.connection_kwargs  # type: ignore[union-attr]
+    assert conn_class.__name__ == "HiredisPackingConnection"
+    assert kwargs["connection_class"].__name__ == "HiredisPackingConnection"
+    args = ("SCRIPT LOAD", "x", 0.1, 1e300, -0.0, 2**63 - 1, -(2**63), b"\x00\xff", "é{}")
+    fast = conn_class().pack_command(*args)
+    slow = Connection().pack_command(*args)
+    assert b"".join(fast) == b"".join(slow)

@@ -1,0 +1,323 @@
+"""Writers of one worker's stream on Redis: replicas, lagging mirrors, lost replies.
+
+Every test compares with the memory store (the reference backend) through everything the read
+side can tell, read by a store instance that never wrote (an API-only replica).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis.exceptions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store.base import IndexStore
+from store.memory import MemoryStore
+from store.model import (
+    ApplyOutcome,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    StoreEvent,
+    WorkerKey,
+    format_hash,
+)
+from store.redis import RedisStore
+from store.redis_mirror import VLOG_LENGTH
+from tests.conformance.test_store import events
+from tests.redis_servers import RedisServer, require
+from tests.store.conftest import MakeStore
+
+pytestmark = pytest.mark.redis
+
+A = WorkerKey("pod-a", 0)
+B = WorkerKey("pod-b", 1)
+SKIPPED = (ApplyOutcome.DUPLICATE, ApplyOutcome.PREVIOUS_ENGINE)
+
+
+async def _pages(fetch: Any, limit: int) -> list[Any]:
+    out: list[Any] = []
+    cursor = None
+    while True:
+        page = await fetch(limit=limit, cursor=cursor)
+        if page is None:
+            return [None]
+        out.extend(page.items)
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+async def snapshot(store: IndexStore) -> dict[str, Any]:
+    """Everything the read side tells, with times and paging in small pages (ties included)."""
+    workers = await store.list_workers()
+    out: dict[str, Any] = {
+        "workers": [
+            (w.pod, w.dp_rank, w.blocks, w.sessions, w.last_seq, w.unconfirmed) for w in workers
+        ],
+        "fences": [await store.fence(w) for w in (A, B)],
+    }
+    for pod in (None, "pod-a", "pod-b"):
+        sessions = await _pages(
+            lambda limit, cursor, pod=pod: store.list_sessions(pod=pod, limit=limit, cursor=cursor),
+            limit=2,
+        )
+        out[f"sessions:{pod}"] = [
+            (s.session_id, s.blocks, s.workers, s.last_seen) for s in sessions
+        ]
+    for sid in ("s1", "s2", "s3", "never"):
+        view = await store.get_session(sid)
+        out[f"view:{sid}"] = view and (
+            view.total_blocks,
+            view.last_seen,
+            [(w.pod, w.dp_rank, w.blocks, w.by_medium, w.last_seen) for w in view.workers],
+        )
+        for pod in (None, "pod-b"):
+            for medium in (None, "CPU"):
+                hashes = await _pages(
+                    lambda limit, cursor, sid=sid, pod=pod, medium=medium: store.session_blocks(
+                        sid, pod=pod, medium=medium, limit=limit, cursor=cursor
+                    ),
+                    limit=3,
+                )
+                out[f"blocks:{sid}:{pod}:{medium}"] = [h and format_hash(h) for h in hashes]
+    for pod, rank in (("pod-a", None), ("pod-b", 1), ("pod-b", 0)):
+        hashes = await _pages(
+            lambda limit, cursor, pod=pod, rank=rank: store.worker_blocks(
+                pod, dp_rank=rank, medium=None, limit=limit, cursor=cursor
+            ),
+            limit=4,
+        )
+        out[f"pod:{pod}:{rank}"] = [h and format_hash(h) for h in hashes]
+    return out
+
+
+batches = st.tuples(
+    st.just("batch"),
+    st.sampled_from([A, B]),
+    st.integers(min_value=0, max_value=6),
+    st.integers(min_value=0, max_value=6).map(float),
+    st.lists(events, max_size=4),
+    st.sampled_from(["one", "both", "later"]),
+    st.booleans(),
+)
+worker_ops = st.tuples(
+    st.sampled_from(["mark", "drop", "clear", "remove"]), st.sampled_from([A, B])
+)
+plans = st.lists(
+    st.one_of(
+        batches,
+        batches,
+        batches,
+        worker_ops,
+        st.tuples(st.just("expire"), st.integers(min_value=0, max_value=8).map(float)),
+        st.tuples(st.just("catch_up")),
+    ),
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(plan=plans)
+async def test_two_writers_and_a_reader_match_the_memory_store(
+    make_store: MakeStore, plan: list[tuple[Any, ...]]
+) -> None:
+    """Two replicas write the same streams, one trailing at will; every worker op and expiry
+    goes through either. The index read by a third instance equals the memory store's."""
+    fleet = f"t-{uuid.uuid4().hex[:12]}"  # one index per example
+    writers = [await make_store(prefix=fleet), await make_store(prefix=fleet)]
+    reader = await make_store(prefix=fleet)
+    ref = MemoryStore()
+    late: list[tuple[RedisStore, WorkerKey, Batch]] = []
+
+    async def catch_up(worker: WorkerKey | None = None) -> None:
+        for item in [x for x in late if worker is None or x[1] == worker]:
+            late.remove(item)
+            assert await item[0].apply(item[1], item[2]) in SKIPPED
+
+    for step in plan:
+        if step[0] == "batch":
+            _, worker, seq, ts, evs, mode, second = step
+            batch = Batch(seq, ts, evs)
+            first, other = writers if not second else writers[::-1]
+            assert await first.apply(worker, batch) == await ref.apply(worker, batch)
+            if mode == "both":
+                assert await other.apply(worker, batch) in SKIPPED
+            elif mode == "later":
+                late.append((other, worker, batch))
+        elif step[0] == "expire":
+            expected = await ref.expire_sessions(step[1])
+            # Every process runs the janitor; the first to get there expires the sessions.
+            counts = [await s.expire_sessions(step[1]) for s in (*writers, reader)]
+            assert sum(counts) == expected
+        elif step[0] == "catch_up":
+            await catch_up()
+        else:
+            name, worker = step
+            if name == "remove":
+                await catch_up(worker)  # a removed worker's stream has ended
+                await writers[0].remove_worker(worker)
+                await ref.remove_worker(worker)
+            elif name == "clear":
+                await writers[1].clear_worker(worker)
+                await ref.clear_worker(worker)
+            elif name == "mark":
+                assert await writers[0].mark_unconfirmed(worker) == await ref.mark_unconfirmed(
+                    worker
+                )
+            else:
+                assert await writers[1].drop_unconfirmed(worker) == await ref.drop_unconfirmed(
+                    worker
+                )
+    await catch_up()
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_a_writer_trailing_the_other_follows_without_reloading(make_store: MakeStore) -> None:
+    leader, trailer, reader = await make_store(), await make_store(), await make_store()
+    ref = MemoryStore()
+    loads = 0
+    load = trailer._load
+
+    async def counting(w: Any) -> Any:
+        nonlocal loads
+        loads += 1
+        return await load(w)
+
+    trailer._load = counting  # type: ignore[method-assign]
+    stream = [
+        Batch(
+            i, float(i), [BlocksStored([i, i + 1], "GPU", 0, f"s{i % 3}"), BlocksRemoved([i - 2])]
+        )
+        for i in range(3 * VLOG_LENGTH)
+    ]
+    await trailer.apply(A, stream[0])  # the trailer builds its mirror once
+    await leader.apply(A, stream[0])
+    for batch in stream:
+        await ref.apply(A, batch)
+    lag = VLOG_LENGTH // 2
+    for i, batch in enumerate(stream[1:], 1):
+        await leader.apply(A, batch)
+        if i >= lag:
+            assert await trailer.apply(A, stream[i - lag + 1]) is ApplyOutcome.DUPLICATE
+    assert loads == 1
+    # The leader stops: the trailer catches up and takes over without reloading.
+    for batch in stream[len(stream) - lag + 1 :]:
+        assert await trailer.apply(A, batch) is ApplyOutcome.DUPLICATE
+    last = Batch(len(stream), 99.0, [BlocksStored([7], "CPU", 0, "s1")])
+    assert await trailer.apply(A, last) is ApplyOutcome.APPLIED
+    await ref.apply(A, last)
+    assert loads == 1
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_a_writer_far_behind_reloads_once_when_it_takes_over(make_store: MakeStore) -> None:
+    leader, trailer, reader = await make_store(), await make_store(), await make_store()
+    ref = MemoryStore()
+    stream = [
+        Batch(i, float(i), [BlocksStored([i], "GPU", 0, "s1"), BlocksRemoved([i - 3])])
+        for i in range(3 * VLOG_LENGTH)
+    ]
+    await trailer.apply(A, stream[0])
+    for batch in stream:
+        await leader.apply(A, batch)
+        await ref.apply(A, batch)
+    for batch in stream[1:]:
+        assert await trailer.apply(A, batch) is ApplyOutcome.DUPLICATE
+    assert trailer._writers[A].mirror is None  # too far behind to follow: dropped, not reloaded
+    last = Batch(len(stream), 99.0, [BlocksRemoved([len(stream) - 1])])
+    assert await trailer.apply(A, last) is ApplyOutcome.APPLIED
+    await ref.apply(A, last)
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["reply-lost", "never-sent"])
+async def test_a_failed_call_leaves_no_stale_mirror(make_store: MakeStore, lands: bool) -> None:
+    """A connection error mid-apply: the write may have landed or not. The retry of the same
+    batch must end in the same index either way, and the next batches apply on top of it."""
+    store, reader = await make_store(), await make_store()
+    ref = MemoryStore()
+    first = Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")])
+    second = Batch(1, 2.0, [BlocksStored([3], "GPU", 0, "s2"), BlocksRemoved([1])])
+    third = Batch(2, 3.0, [BlocksRemoved([2, 3])])
+    for batch in (first, second, third):
+        await ref.apply(A, batch)
+    await store.apply(A, first)
+    call = store._apply_call
+
+    async def failing(keys: list[str], args: list[Any]) -> Any:
+        store._apply_call = call
+        if lands:
+            await call(keys, args)
+        raise redis.exceptions.ConnectionError("connection reset")
+
+    store._apply_call = failing
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await store.apply(A, second)
+    assert store._writers[A].mirror is None
+    retried = await store.apply(A, second)
+    assert retried is (ApplyOutcome.DUPLICATE if lands else ApplyOutcome.APPLIED)
+    assert await store.apply(A, third) is ApplyOutcome.APPLIED
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_unknown_workers_stay_unknown(make_store: MakeStore) -> None:
+    store = await make_store()
+    assert await store.mark_unconfirmed(A) == 0
+    assert await store.drop_unconfirmed(A) == 0
+    await store.clear_worker(A)
+    await store.remove_worker(A)
+    assert await store.list_workers() == []
+    assert await store.fence(A) is None
+    assert (
+        await store.worker_blocks("pod-a", dp_rank=None, medium=None, limit=1, cursor=None) is None
+    )
+
+
+async def test_big_batches_are_split_into_several_commands(make_store: MakeStore) -> None:
+    """Lua's unpack takes at most 8000 values: longer member lists go in several commands."""
+    store, reader = await make_store(), await make_store()
+    ref = MemoryStore()
+    hashes = list(range(1, 20_001))
+    evs: list[StoreEvent] = [
+        BlocksStored(hashes, "GPU", 0, "s1"),
+        BlocksStored(hashes, "GPU", 0, None),
+    ]
+    for batch in (
+        Batch(0, 1.0, evs),
+        Batch(1, 2.0, [BlocksRemoved(hashes[::2])]),
+    ):
+        assert await store.apply(A, batch) == await ref.apply(A, batch)
+    assert await store.mark_unconfirmed(A) == await ref.mark_unconfirmed(A) == 10_000
+    assert await store.drop_unconfirmed(A) == await ref.drop_unconfirmed(A)
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_redis_errors_propagate_and_the_store_recovers(prefix: str) -> None:
+    """Stopped server: every call raises (the API answers 503, ingest buffers). Back (empty,
+    as without persistence): the writer notices its mirror is stale and carries on."""
+    require("redis-server")
+    server = RedisServer()
+    server.start()
+    store = RedisStore.from_url(f"{server.url}?prefix={prefix}&registry_ttl=0")
+    try:
+        await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s1")]))
+        server.stop()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await store.apply(A, Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s1")]))
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await store.get_session("s1")
+        server.start(server.port)
+        assert await store.apply(A, Batch(2, 3.0, [BlocksStored([3], "GPU", 0, "s1")])) is (
+            ApplyOutcome.APPLIED
+        )
+        view = await store.get_session("s1")
+        assert view is not None and view.total_blocks == 1
+    finally:
+        await store.close()
+        server.remove()
