@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ import structlog
 import uvicorn
 
 from api.app import create_app
+from kvsi.janitor import run_janitor
 from kvsi.settings import Settings, bearer_tokens
 from store.base import IndexStore
 from store.select import open_store
@@ -48,15 +48,6 @@ def ingest_options(settings: Settings) -> IngestOptions:
         unconfirmed_ttl=settings.unconfirmed_ttl_seconds,
         store_retry_max=settings.store_retry_max_seconds,
     )
-
-
-async def expire_idle_sessions(store: IndexStore, idle: float, interval: float) -> None:
-    """Keep memory flat: forget sessions with no resident block, idle for `idle` seconds."""
-    while True:
-        await asyncio.sleep(interval)
-        expired = await store.expire_sessions(time.time() - idle)
-        if expired:
-            log.info("janitor.sessions_expired", count=expired)
 
 
 def readiness_probe(
@@ -100,8 +91,11 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         tasks.append(fleet.run_in_background(settings.demo_rate))
     tasks.append(
         asyncio.create_task(
-            expire_idle_sessions(
-                store, settings.session_idle_seconds, settings.janitor_interval_seconds
+            run_janitor(
+                store,
+                interval=settings.janitor_interval_seconds,
+                session_idle=settings.session_idle_seconds,
+                worker_grace=settings.worker_grace_seconds,
             ),
             name="janitor",
         )

@@ -72,8 +72,10 @@ class Settings(BaseSettings):
     """Subscribe to publishers (off for an API-only replica)."""
     session_idle_seconds: float = Field(default=3600.0, gt=0)
     """Sessions with no resident block are forgotten after this long without a store."""
+    worker_grace_seconds: float = Field(default=600.0, gt=0)
+    """A worker disconnected for longer than this is removed with all its data."""
     janitor_interval_seconds: float = Field(default=30.0, gt=0)
-    """How often idle sessions are looked for."""
+    """How often idle sessions and gone workers are looked for."""
     ingest_queue_size: int = Field(default=10_000, ge=1)
     """Live messages held per publisher between receiving and applying (the buffer that
     rides out a slow or unavailable store). Beyond it, messages are dropped and the hole is

@@ -1,0 +1,59 @@
+"""The janitor: keeps memory flat at a constant working set (DESIGN invariant 5).
+
+Imports the store contract only. Idle sessions with no resident block are forgotten; workers
+disconnected for longer than the grace time are removed with all their data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from store.base import IndexStore
+from store.model import WorkerKey, WorkerState
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one sweep removed."""
+
+    sessions: int
+    workers: list[WorkerKey]
+
+
+async def sweep(
+    store: IndexStore, *, now: float, session_idle: float, worker_grace: float
+) -> Swept:
+    """One pass. A worker counts as gone only while `disconnected`: a live but idle engine,
+    or a configured publisher still connecting, keeps its index."""
+    gone = [
+        WorkerKey(w.pod, w.dp_rank)
+        for w in await store.list_workers()
+        if w.status.state is WorkerState.DISCONNECTED and w.status.since < now - worker_grace
+    ]
+    for worker in gone:
+        await store.remove_worker(worker)
+        log.info("janitor.worker_removed", worker=str(worker), grace_seconds=worker_grace)
+    sessions = await store.expire_sessions(now - session_idle)
+    if sessions:
+        log.info("janitor.sessions_expired", count=sessions)
+    return Swept(sessions=sessions, workers=gone)
+
+
+async def run_janitor(
+    store: IndexStore, *, interval: float, session_idle: float, worker_grace: float
+) -> None:
+    """Sweep every `interval` seconds until cancelled; a store outage skips a pass."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await sweep(
+                store, now=time.time(), session_idle=session_idle, worker_grace=worker_grace
+            )
+        except Exception as exc:  # an outage must not kill the janitor; the next pass retries
+            log.warning("janitor.pass_skipped", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,46 @@
+"""The janitor keeps memory flat on every backend: idle sessions and gone workers go."""
+
+from __future__ import annotations
+
+from kvsi.janitor import sweep
+from store.base import IndexStore
+from store.model import (
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
+
+LIVE = WorkerKey("pod-live", 0)
+GONE = WorkerKey("pod-gone", 0)
+RECENT = WorkerKey("pod-recent", 0)
+
+
+async def test_disconnected_past_grace_is_removed_others_stay(store: IndexStore) -> None:
+    for worker in (LIVE, GONE, RECENT):
+        await store.apply(worker, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s")]))
+    await store.set_status(LIVE, WorkerStatus(WorkerState.LIVE, 100.0))
+    await store.set_status(GONE, WorkerStatus(WorkerState.DISCONNECTED, 100.0))
+    await store.set_status(RECENT, WorkerStatus(WorkerState.DISCONNECTED, 950.0))
+    swept = await sweep(store, now=1000.0, session_idle=1e9, worker_grace=600.0)
+    assert swept.workers == [GONE]
+    assert sorted(w.pod for w in await store.list_workers()) == ["pod-live", "pod-recent"]
+    assert (
+        await store.worker_blocks("pod-gone", dp_rank=None, medium=None, limit=5, cursor=None)
+        is None
+    )
+    view = await store.get_session("s")
+    assert view is not None
+    assert sorted(p.pod for p in view.workers) == ["pod-live", "pod-recent"]
+
+
+async def test_idle_sessions_without_blocks_are_forgotten(store: IndexStore) -> None:
+    await store.apply(LIVE, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, "idle")]))
+    await store.apply(LIVE, Batch(1, 20.0, [BlocksStored([2], "GPU", 0, "busy")]))
+    await store.apply(LIVE, Batch(2, 30.0, [BlocksRemoved([1])]))
+    swept = await sweep(store, now=5000.0, session_idle=3600.0, worker_grace=600.0)
+    assert swept.sessions == 1 and swept.workers == []
+    assert await store.get_session("idle") is None
+    assert await store.get_session("busy") is not None
