@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from store.feed import FeedHub
 from store.model import (
     ApplyOutcome,
     Batch,
@@ -115,6 +116,15 @@ class IndexStore(Protocol):
 
     async def expire_sessions(self, older_than: float) -> int:
         """Forget sessions with no resident block whose last_seen is before `older_than`."""
+        ...
+
+    async def change_feed(self) -> FeedHub:
+        """This process's hub of the change feed (residency and worker-state changes).
+
+        The memory store publishes into it as it applies; the Redis store's writers append to
+        a Redis Stream and the hub is fed from it (started on first call), so every API
+        replica sees every writer's changes with the same ids.
+        """
         ...
 
     async def close(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
+from store.feed import FeedHub, FeedRecord, WorkerChange
 from store.model import (
     DEFAULT_MEDIUM,
     AllCleared,
@@ -53,15 +54,28 @@ class _Session:
 class _Residency:
     """One session on one worker: its hashes per part, and when it last stored there."""
 
-    __slots__ = ("blocks", "last_seen", "session")
+    __slots__ = ("added", "blocks", "last_seen", "mark", "removed", "session", "total")
 
     def __init__(self, session: _Session) -> None:
         self.session = session
         self.blocks: dict[PartKey, set[Hash]] = {}
+        self.total = 0
+        """Entries in `blocks`, kept as they change: counting them is on every query path."""
         self.last_seen = 0.0
+        self.mark = 0
+        """The batch number `added` and `removed` count for (the change feed's per-batch delta)."""
+        self.added = 0
+        self.removed = 0
+
+    def touch(self, batch: int, touched: list[_Residency]) -> None:
+        """Start counting this batch's delta, once per batch."""
+        if self.mark != batch:
+            self.mark = batch
+            self.added = self.removed = 0
+            touched.append(self)
 
     def count(self) -> int:
-        return sum(len(s) for s in self.blocks.values())
+        return self.total
 
     def by_medium(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -91,9 +105,14 @@ class _Worker:
 class MemoryStore:
     """IndexStore in process memory; the embedded default."""
 
-    def __init__(self) -> None:
+    def __init__(self, feed: FeedHub | None = None) -> None:
         self._workers: dict[WorkerKey, _Worker] = {}
         self._sessions: dict[str, _Session] = {}
+        self._feed = feed if feed is not None else FeedHub()
+        self._batch = 0
+        """Number of the batch being applied; residencies count their delta against it."""
+        self._touched: list[_Residency] = []
+        """Residencies whose blocks the current batch changed, for the change feed."""
 
     # -- write side ---------------------------------------------------------------------
 
@@ -106,6 +125,7 @@ class MemoryStore:
         outcome = decide(w.fence, batch.seq, batch.ts)
         if outcome is ApplyOutcome.DUPLICATE or outcome is ApplyOutcome.PREVIOUS_ENGINE:
             return outcome
+        self._batch += 1
         if outcome is ApplyOutcome.RESTARTED:
             self._clear(w)
         ts = batch.ts
@@ -118,7 +138,21 @@ class MemoryStore:
                 self._clear(w)
         w.fence = advance(w.fence, outcome, batch.seq, ts)
         w.last_event_at = time.time()
+        if self._touched:
+            self._publish_changes(w.key, ts)
         return outcome
+
+    def _publish_changes(self, worker: WorkerKey, ts: float) -> None:
+        rows = tuple(
+            [
+                (res.session.session_id, res.added, res.removed, res.total)
+                for res in self._touched
+                if res.added or res.removed
+            ]
+        )
+        self._touched = []
+        if rows:
+            self._feed.publish(FeedRecord(worker.pod, worker.dp_rank, ts, rows))
 
     def _store(self, w: _Worker, event: BlocksStored, ts: float) -> None:
         pk = (event.medium or DEFAULT_MEDIUM, event.group_idx or 0)
@@ -141,7 +175,13 @@ class MemoryStore:
         held = res.blocks.get(pk)
         if held is None:
             held = res.blocks[pk] = set()
+        before = len(held)
         held.update(hashes)
+        if len(held) != before:
+            if res.mark != self._batch:
+                res.touch(self._batch, self._touched)
+            res.added += len(held) - before
+            res.total += len(held) - before
         sid = res.session.session_id
         get = part.get
         for h in hashes:
@@ -172,22 +212,38 @@ class MemoryStore:
         if not part:
             return
         sessions = w.sessions
+        batch, touched = self._batch, self._touched
         pop = part.pop
         for h in hashes:
             holders = pop(h, None)
             if holders is None:
                 continue
             if isinstance(holders, str):
-                sessions[holders].blocks[pk].discard(h)
+                res = sessions[holders]
+                res.blocks[pk].discard(h)
+                if res.mark != batch:
+                    res.touch(batch, touched)
+                res.removed += 1
+                res.total -= 1
             else:
                 for sid in holders:
-                    sessions[sid].blocks[pk].discard(h)
+                    res = sessions[sid]
+                    res.blocks[pk].discard(h)
+                    res.touch(batch, touched)
+                    res.removed += 1
+                    res.total -= 1
 
     def _clear(self, w: _Worker) -> None:
         w.parts.clear()
         w.unconfirmed.clear()
-        for sid in w.sessions:
+        for sid, res in w.sessions.items():
             self._sessions[sid].workers.pop(w.key, None)
+            count = res.count()
+            if count:
+                res.touch(self._batch, self._touched)
+                res.removed += count
+            res.blocks.clear()
+            res.total = 0
         w.sessions.clear()
 
     def _new_residency(self, w: _Worker, session_id: str) -> _Residency:
@@ -209,7 +265,18 @@ class MemoryStore:
         return w.fence if w else None
 
     async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
-        self._worker(worker).status = status
+        w = self._worker(worker)
+        changed = (w.status.state, w.status.detail) != (status.state, status.detail)
+        w.status = status
+        if changed:
+            change = WorkerChange(
+                worker.pod, worker.dp_rank, status.state, status.since, status.detail
+            )
+            record = FeedRecord(worker.pod, worker.dp_rank, status.since, state=change)
+            self._feed.publish(record)
+
+    async def change_feed(self) -> FeedHub:
+        return self._feed
 
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
         w = self._workers.get(worker)

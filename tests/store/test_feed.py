@@ -1,0 +1,95 @@
+"""The change feed: per-batch residency deltas, worker states, ids, filters, bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.feed import FeedHub, FeedRecord, HistoryGone, Overflow, ResidencyChange, WorkerChange
+from store.memory import MemoryStore
+from store.model import (
+    AllCleared,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
+
+A = WorkerKey("pod-a", 0)
+
+
+async def take(hub: FeedHub, after: str | None = None, **filters: frozenset[str]) -> list:
+    sub = hub.subscribe(after=after, **filters)
+    out = []
+    while not sub.queue.empty():
+        out.append(await sub.next())
+    hub.unsubscribe(sub)
+    return out
+
+
+async def test_each_batch_yields_one_change_per_session_with_totals() -> None:
+    store = MemoryStore()
+    hub = await store.change_feed()
+    watcher = hub.subscribe(after=None)
+    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s1")]))
+    await store.apply(A, Batch(1, 2.0, [BlocksStored([3, 4], "GPU", 0, "s2")]))
+    await store.apply(A, Batch(2, 3.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))  # reuse only
+    await store.apply(A, Batch(3, 4.0, [BlocksRemoved([3, 1])]))
+    await store.apply(A, Batch(4, 5.0, [AllCleared()]))
+    got = []
+    while not watcher.queue.empty():
+        entry = await watcher.next()
+        assert isinstance(entry.change, ResidencyChange)
+        c = entry.change
+        got.append((c.session_id, c.added, c.removed, c.blocks, c.ts))
+    assert got == [
+        ("s1", 3, 0, 3, 1.0),
+        ("s2", 2, 0, 2, 2.0),
+        ("s1", 0, 2, 1, 4.0),
+        ("s2", 0, 1, 1, 4.0),
+        ("s1", 0, 1, 0, 5.0),
+        ("s2", 0, 1, 0, 5.0),
+    ]
+
+
+async def test_worker_state_changes_are_in_the_feed_once() -> None:
+    store = MemoryStore()
+    hub = await store.change_feed()
+    watcher = hub.subscribe(after=None)
+    for state in (WorkerState.LIVE, WorkerState.LIVE, WorkerState.DEGRADED):
+        await store.set_status(A, WorkerStatus(state, 7.0, "gap" if state == "degraded" else ""))
+    changes = [(await watcher.next()).change for _ in range(watcher.queue.qsize())]
+    assert changes == [
+        WorkerChange("pod-a", 0, "live", 7.0, ""),
+        WorkerChange("pod-a", 0, "degraded", 7.0, "gap"),
+    ]
+
+
+async def test_resume_after_an_id_filters_and_history_bounds() -> None:
+    hub = FeedHub(history=3)
+    for i in range(5):
+        hub.publish(FeedRecord(f"pod-{i % 2}", 0, float(i), (("s", 1, 0, i + 1), ("t", 1, 0, 1))))
+    everything = await take(hub, after="4.0")
+    assert [e.id for e in everything] == ["4.1", "5.0", "5.1"]
+    only_t = await take(hub, after="3.1", sessions=frozenset({"t"}))
+    assert [e.id for e in only_t] == ["4.1", "5.1"]
+    only_pod0 = await take(hub, after="3.0", pods=frozenset({"pod-0"}))
+    assert [e.id for e in only_pod0] == ["3.1", "5.0", "5.1"]
+    with pytest.raises(HistoryGone):
+        hub.subscribe(after="1.0")
+    with pytest.raises(HistoryGone):
+        hub.subscribe(after="garbage")
+
+
+async def test_a_slow_subscriber_overflows_and_never_blocks_the_writer() -> None:
+    hub = FeedHub(queue_size=4)
+    slow = hub.subscribe(after=None)
+    for i in range(100):
+        hub.publish(FeedRecord("pod-a", 0, float(i), (("s", 1, 0, i),)))
+    received = 0
+    with pytest.raises(Overflow):
+        while True:
+            await slow.next()
+            received += 1
+    assert received == 4
