@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.errors import install_error_handlers
 from api.reader import IndexReader
-from api.routes import health, metrics, pods, sessions
+from api.routes import health, metrics, pods, route, sessions, watch
 from api.routes.health import ReadinessCheck
 from store.base import IndexStore
 
@@ -88,6 +88,8 @@ def create_app(
     unauthorized = UNAUTHORIZED if tokens else {}
     app.include_router(sessions.router, dependencies=protected, responses=unauthorized)
     app.include_router(pods.router, dependencies=protected, responses=unauthorized)
+    app.include_router(route.router, dependencies=protected, responses=unauthorized)
+    app.include_router(watch.router, dependencies=protected, responses=unauthorized)
     app.include_router(health.router)
     guard_metrics = bool(tokens) and metrics_require_token
     app.include_router(

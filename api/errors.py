@@ -31,9 +31,11 @@ def describe_validation_errors(errors: Sequence[Any]) -> str:
 def _describe(err: Mapping[str, Any]) -> str:
     loc = [str(part) for part in err.get("loc", ())]
     kind = str(err.get("type", ""))
-    name = loc[-1] if len(loc) > 1 else None
-    if name:
-        where = f"{_PLACES.get(loc[0], loc[0])} {name!r}"
+    name = loc[1] if len(loc) > 1 else None
+    if loc and loc[0] == "body" and name:
+        where = f"body field {_body_path(err['loc'][1:])!r}"
+    elif name:
+        where = f"{_PLACES.get(loc[0], loc[0])} {_body_path(err['loc'][1:])!r}"
     else:
         where = f"{loc[0]} string" if loc else "request"
     if kind == "string_pattern_mismatch" and name in RULES:
@@ -48,6 +50,19 @@ def _describe(err: Mapping[str, Any]) -> str:
     if len(shown) > _MAX_ECHO:
         shown = shown[:_MAX_ECHO] + "..."
     return f"{where}: {message} (got {shown})"
+
+
+def _body_path(parts: Sequence[Any]) -> str:
+    """`token_ids[3]`, `hashing.algorithm`: where in a JSON body the bad value sits."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "[key]":
+            out += " (key)"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -14,12 +14,14 @@ from typing import TypeVar, cast
 from fastapi import HTTPException, Request
 
 from store.base import IndexStore
+from store.feed import FeedHub
 from store.model import (
     Hash,
     InvalidCursorError,
     Page,
     SessionSummary,
     SessionView,
+    WorkerKey,
     WorkerView,
 )
 
@@ -92,6 +94,14 @@ class IndexReader:
                 pod, dp_rank=dp_rank, medium=medium, limit=limit, cursor=cursor
             ),
         )
+
+    async def match_prefix(
+        self, hashes: list[Hash], workers: list[WorkerKey] | None
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        return await self._call("match_prefix", self._store.match_prefix(hashes, workers))
+
+    async def change_feed(self) -> FeedHub:
+        return await self._call("change_feed", self._store.change_feed())
 
 
 def get_reader(request: Request) -> IndexReader:

@@ -114,6 +114,18 @@ class IndexStore(Protocol):
         """
         ...
 
+    async def match_prefix(
+        self, hashes: list[Hash], workers: list[WorkerKey] | None
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        """What a router needs to rank workers for a prompt whose blocks are `hashes`.
+
+        For each worker (every known one, or those in `workers` that exist), the media
+        holding each block of the longest run of `hashes`, from the first, that the worker
+        holds in any medium or group; an empty list when it lacks the first block. Media of a
+        block are sorted. Cost: O(workers x matched prefix x parts).
+        """
+        ...
+
     async def expire_sessions(self, older_than: float) -> int:
         """Forget sessions with no resident block whose last_seen is before `older_than`."""
         ...

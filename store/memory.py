@@ -414,5 +414,27 @@ class MemoryStore:
                     hashes.update(part)
         return page_hashes(hashes, limit, cursor)
 
+    async def match_prefix(
+        self, hashes: list[Hash], workers: list[WorkerKey] | None
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        chosen = (
+            self._workers.values()
+            if workers is None
+            else [self._workers[k] for k in workers if k in self._workers]
+        )
+        return {w.key: _held_prefix(w, hashes) for w in chosen}
+
     async def close(self) -> None:
         return None
+
+
+def _held_prefix(w: _Worker, hashes: list[Hash]) -> list[tuple[str, ...]]:
+    """Media holding each block of the run of `hashes` the worker holds from the first."""
+    parts = [(medium, part) for (medium, _), part in sorted(w.parts.items()) if part]
+    out: list[tuple[str, ...]] = []
+    for h in hashes:
+        media = tuple(sorted({medium for medium, part in parts if h in part}))
+        if not media:
+            break
+        out.append(media)
+    return out

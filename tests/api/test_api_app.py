@@ -23,6 +23,8 @@ ROUTES = {
     "/healthz": {"get"},
     "/readyz": {"get"},
     "/metrics": {"get"},
+    "/v1/route": {"post"},
+    "/v1/watch": {"get"},
 }
 
 
@@ -38,9 +40,10 @@ async def test_openapi_documents_400_errors_and_no_422(client: httpx.AsyncClient
     spec = await get_json(client, "/openapi.json")
 
     for path, ops in spec["paths"].items():
-        responses = ops["get"]["responses"]
+        op = ops.get("get") or ops["post"]
+        responses = op["responses"]
         assert "422" not in responses, path
-        if ops["get"].get("parameters"):
+        if op.get("parameters") or op.get("requestBody"):
             ref = responses["400"]["content"]["application/json"]["schema"]["$ref"]
             assert ref == "#/components/schemas/ErrorResponse", path
     assert "HTTPValidationError" not in spec["components"]["schemas"]

@@ -1,0 +1,225 @@
+"""`POST /v1/route`: rank candidate workers for a session's next request and its prompt.
+
+Imports neither zmq nor subscriber/; reads the store through api.reader, hashes token ids
+with `hashing` exactly as vLLM 0.33 does, and scores with `api.ranking`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+import hashing
+from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN
+from api.ranking import Evidence, Weights, rank
+from api.reader import IndexReader, get_reader
+from api.schemas import ErrorResponse
+from store.model import Hash, WorkerKey, WorkerState, parse_hash
+
+router = APIRouter(prefix="/v1", tags=["routing"])
+
+Reader = Annotated[IndexReader, Depends(get_reader)]
+
+MAX_PROMPT_BLOCKS = 16_384
+"""A 256k-token prompt at block size 16: longer lists are a client bug, not a prompt."""
+MAX_TOKENS = 262_144
+MAX_CANDIDATES = 1_024
+
+SCORE_DOC = """\
+Ranks candidate workers (pods and data-parallel ranks) for a session's next request.
+
+Give `session_id`, the prompt (`block_hashes`, or `token_ids` with the engine's `hashing`
+parameters), or both. Candidates default to every worker that is not `disconnected`.
+
+**Score.** weight(m) is the request's per-medium weight (defaults GPU 1.0, CPU 0.8, any other
+medium 0.5).
+- *prefix score*: over the longest run of the prompt's blocks, from the first, that the
+  worker holds (`prefix_blocks`), the sum of the best weight among the media holding each;
+- *session score*: sum over media of weight(m) x the session's blocks there;
+- `score` is the prefix score when the prompt is given (the reusable prefix is what saves
+  prefill), else the session score.
+
+Order: `score`, then the session score, then `live` before other states, then pod and
+dp_rank. A worker whose `state` is not `live` is ranked on what the index holds; its state
+says the numbers are not exact.
+"""
+
+
+Medium = Annotated[str, Field(pattern=MEDIUM_PATTERN)]
+Weight = Annotated[float, Field(ge=0, le=1000)]
+_POD = re.compile(POD_PATTERN)
+
+
+class Hashing(BaseModel):
+    """How the engine hashes prompts (must match its vLLM configuration)."""
+
+    block_size: int = Field(default=16, ge=1, le=4096, description="The engine's hash block size.")
+    algorithm: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = Field(
+        default="sha256", description="--prefix-caching-hash-algo."
+    )
+    hash_seed: str | None = Field(
+        default=None, max_length=64, description="The engine's PYTHONHASHSEED, if it sets one."
+    )
+    lora_name: str | None = Field(default=None, max_length=256)
+    lora_path: str | None = Field(
+        default=None, max_length=1024, description="Needed with lora_name."
+    )
+    cache_salt: str | None = Field(default=None, max_length=1024)
+
+
+class RouteRequest(BaseModel):
+    """What a router knows about the next request."""
+
+    model_config = {"extra": "forbid"}
+
+    session_id: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=SESSION_ID_PATTERN
+    )
+    block_hashes: list[str] | None = Field(
+        default=None,
+        max_length=MAX_PROMPT_BLOCKS,
+        description="The prompt's block hashes as the engine publishes them (decimal or 0x-hex).",
+    )
+    token_ids: list[Annotated[int, Field(ge=0, lt=2**32)]] | None = Field(
+        default=None,
+        max_length=MAX_TOKENS,
+        description="The prompt's token ids, hashed like vLLM 0.33.",
+    )
+    hashing: Hashing = Field(default_factory=lambda: Hashing())
+    candidates: list[str] | None = Field(
+        default=None,
+        max_length=MAX_CANDIDATES,
+        description='Pods ("vllm-0") or workers ("vllm-0/1") to rank; default every '
+        "worker that is not disconnected.",
+    )
+    weights: dict[Medium, Weight] | None = Field(
+        default=None,
+        max_length=16,
+        description='Per-medium weights, e.g. {"GPU": 1.0, "CPU": 0.8}.',
+    )
+
+    @field_validator("block_hashes")
+    @classmethod
+    def _hashes(cls, value: list[str] | None) -> list[str] | None:
+        for text in value or []:
+            parse_hash(text)
+        return value
+
+    @field_validator("candidates")
+    @classmethod
+    def _candidates(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            pod, _, rank_text = item.partition("/")
+            if not _is_pod(pod) or (rank_text and not rank_text.isdigit()):
+                raise ValueError(f"candidate {item!r} is not POD or POD/RANK")
+        return value
+
+    @model_validator(mode="after")
+    def _something_to_rank_by(self) -> RouteRequest:
+        if self.block_hashes is not None and self.token_ids is not None:
+            raise ValueError("give block_hashes or token_ids, not both")
+        if self.session_id is None and self.block_hashes is None and self.token_ids is None:
+            raise ValueError("give session_id, block_hashes or token_ids (or several)")
+        return self
+
+
+def _is_pod(text: str) -> bool:
+    return len(text) <= 253 and _POD.fullmatch(text) is not None
+
+
+class RankedWorker(BaseModel):
+    pod: str
+    dp_rank: int
+    score: float = Field(description="See the formula above.")
+    session_blocks: int = Field(description="The session's blocks on this worker.")
+    prefix_blocks: int = Field(description="Prompt blocks held, as a run from the first.")
+    by_medium: dict[str, int] = Field(description="`session_blocks` split by medium.")
+    state: WorkerState = Field(description="Only `live` means the numbers are exact.")
+
+
+class RouteResponse(BaseModel):
+    ranking: list[RankedWorker] = Field(description="Best first.")
+    prompt_blocks: int = Field(description="Full blocks in the prompt (hashes ranked against).")
+    block_hashes: list[str] | None = Field(
+        None, description="The hashes computed from `token_ids`, when given."
+    )
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "A bad body: the detail says what."},
+    503: {"model": ErrorResponse, "description": "The index store is unavailable."},
+}
+
+
+@router.post("/route", responses=_ERRORS, description=SCORE_DOC)
+async def route(body: RouteRequest, reader: Reader) -> RouteResponse:
+    """Rank workers for the next request of a session."""
+    hashes, computed = _prompt_hashes(body)
+    workers = {WorkerKey(w.pod, w.dp_rank): w.status.state for w in await reader.list_workers()}
+    keys = _candidates(body.candidates, workers)
+    prefix = await reader.match_prefix(hashes, keys) if hashes else {}
+    by_session: dict[WorkerKey, dict[str, int]] = {}
+    if body.session_id is not None:
+        view = await reader.get_session(body.session_id)
+        for w in view.workers if view else []:
+            by_session[WorkerKey(w.pod, w.dp_rank)] = w.by_medium
+    evidence = [
+        Evidence(key, workers[key], by_session.get(key, {}), prefix.get(key, [])) for key in keys
+    ]
+    ranked = rank(evidence, Weights(body.weights), by_prompt=hashes is not None)
+    return RouteResponse(
+        ranking=[
+            RankedWorker(
+                pod=r.worker.pod,
+                dp_rank=r.worker.dp_rank,
+                score=r.score,
+                session_blocks=r.session_blocks,
+                prefix_blocks=r.prefix_blocks,
+                by_medium=r.by_medium,
+                state=WorkerState(r.state),
+            )
+            for r in ranked
+        ],
+        prompt_blocks=len(hashes or []),
+        block_hashes=computed,
+    )
+
+
+def _prompt_hashes(body: RouteRequest) -> tuple[list[Hash] | None, list[str] | None]:
+    if body.block_hashes is not None:
+        return [parse_hash(h) for h in body.block_hashes], None
+    if body.token_ids is None:
+        return None, None
+    h = body.hashing
+    try:
+        hashes = hashing.block_hashes(
+            body.token_ids,
+            block_size=h.block_size,
+            algorithm=h.algorithm,
+            hash_seed=h.hash_seed,
+            lora_name=h.lora_name,
+            lora_path=h.lora_path,
+            cache_salt=h.cache_salt,
+        )
+    except (ValueError, ModuleNotFoundError) as exc:
+        raise HTTPException(status_code=400, detail=f"hashing: {exc}") from exc
+    return list(hashes), [str(x) for x in hashes]
+
+
+def _candidates(wanted: list[str] | None, workers: dict[WorkerKey, WorkerState]) -> list[WorkerKey]:
+    if wanted is None:
+        return [k for k, state in workers.items() if state != WorkerState.DISCONNECTED]
+    chosen: list[WorkerKey] = []
+    for item in wanted:
+        pod, _, rank_text = item.partition("/")
+        chosen.extend(
+            key
+            for key in workers
+            if key.pod == pod
+            and (not rank_text or key.dp_rank == int(rank_text))
+            and key not in chosen
+        )
+    return chosen
