@@ -30,7 +30,7 @@ from store.model import (
     advance,
 )
 from store.redis_layout import WorkerKeys, encode_part, encode_residency, members
-from store.redis_plan import HSET, HSETNX, LPUSH, LTRIM, SADD, SREM, ZADD, Arg, Plan
+from store.redis_plan import HSET, HSETNX, LPUSH, LTRIM, SADD, SREM, SREM1, ZADD, Arg, Plan
 
 PartKey = tuple[str, int]
 """(medium, group_idx): the part of a worker's cache an entry lives in."""
@@ -77,11 +77,13 @@ class Part:
 class Residency:
     """One session on this worker: blocks per part, and when it last stored here."""
 
-    __slots__ = ("counts", "keys", "session_id", "t", "total")
+    __slots__ = ("counts", "keys", "session_id", "t", "total", "tr")
 
     def __init__(self, session_id: str, t: float = 0.0) -> None:
         self.session_id = session_id
         self.t = t
+        self.tr = repr(t)
+        """`repr(t)`, as the residency value starts: kept so a removal does not format it."""
         self.counts: dict[int, int] = {}
         self.total = 0
         self.keys: dict[int, str] = {}
@@ -167,22 +169,42 @@ class Mirror:
     # -- writes: each mutates the copy and returns the Plan that makes Redis agree ---------
 
     def apply(self, batch: Batch, outcome: ApplyOutcome, token: str, now: float) -> Plan:
-        """The batch's delta for an APPLIED or RESTARTED outcome."""
-        d = _Delta()
+        """The batch's delta for an APPLIED or RESTARTED outcome.
+
+        The ops follow the events in order (apply.lua replays them in order), so nothing is
+        merged across events: each event's writes go straight into the Plan, and only the
+        touched residencies are written once, at the end, with their final values.
+        """
+        plan = Plan(self.keys)
+        touched: dict[str, Residency] = {}
         if outcome is ApplyOutcome.RESTARTED:
-            self._clear(d)
+            self._clear_in(plan, touched)
         ts = batch.ts
+        tr = repr(ts)
         stored: dict[str, None] = {}
+        parts = self.parts
         for event in batch.events:
             if isinstance(event, BlocksStored):
-                self._store(d, event, ts, stored)
+                self._store_in(plan, event, ts, tr, stored, touched)
             elif isinstance(event, BlocksRemoved):
-                self._remove(d, event)
+                part = parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+                if part is not None:
+                    if part.pending:
+                        self._confirm_in(plan, part, event.block_hashes)
+                    self._remove_in(plan, part, event.block_hashes, touched)
             elif isinstance(event, AllCleared):
-                self._clear(d)
+                self._clear_in(plan, touched)
         self.fence = fence = advance(self.fence, outcome, batch.seq, ts)
-        plan = self._plan(
-            d,
+        if touched:
+            args: list[Arg] = []
+            for sid, res in touched.items():
+                if res.total == res.counts.get(0):  # one part, the first: the common case
+                    args += (sid, f"{res.tr} 0:{res.total}")
+                else:
+                    args += (sid, encode_residency(res.t, res.counts))
+            plan.call(HSET, self.keys.res, args)
+        self._finish(
+            plan,
             token,
             batch_id(batch),
             ["seq", fence.seq, "epoch", fence.epoch_ts, "last_ts", fence.last_ts, "event_at", now],
@@ -191,14 +213,151 @@ class Mirror:
             # Global last_seen is the max over workers; -t so that ascending order is the
             # listing order, and LT keeps the max. A new session starts at 0, as in memory.
             score = -max(ts, 0.0)
-            args: list[Arg] = []
+            zargs: list[Arg] = []
             for sid in stored:
-                args += (score, sid)
-            plan.call(ZADD, self.keys.seen, args, lead=("LT",))
+                zargs += (score, sid)
+            plan.call(ZADD, self.keys.seen, zargs, lead=("LT",))
         if not self.has_status:
             plan.call(HSETNX, self.keys.meta, ["since", now])
             self.has_status = True
         return plan
+
+    def _store_in(
+        self,
+        plan: Plan,
+        event: BlocksStored,
+        ts: float,
+        tr: str,
+        stored: dict[str, None],
+        touched: dict[str, Residency],
+    ) -> None:
+        # The hot path of ingest: lookups are inlined rather than factored into helpers.
+        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+        if part is None:
+            part = self.add_part(
+                len(self.by_pid), event.medium or DEFAULT_MEDIUM, event.group_idx or 0
+            )
+            plan.call(HSET, self.keys.parts, [part.pid, encode_part(part.medium, part.group)])
+        hashes = event.block_hashes
+        if part.pending:
+            self._confirm_in(plan, part, hashes)
+        holders = part.holders
+        if event.session_id is None:
+            new = []
+            for h in hashes:
+                if h not in holders:
+                    holders[h] = None
+                    new.append(h)
+            if new:
+                plan.call(SADD, part.okey, members(new))
+            return
+        res = self.res.get(event.session_id)
+        if res is None:
+            res = self.add_residency(event.session_id, 0.0)
+            touched[res.session_id] = res
+        sid = res.session_id
+        stored[sid] = None
+        if ts > res.t:
+            res.t = ts
+            res.tr = tr
+            touched[sid] = res
+        added: list[Hash] = []
+        adopted: list[Hash] | None = None
+        for h in hashes:
+            cur = holders.get(h, _ABSENT)
+            if cur is _ABSENT:
+                holders[h] = sid
+            elif cur is None:
+                holders[h] = sid
+                if adopted is None:
+                    adopted = [h]
+                else:
+                    adopted.append(h)
+            elif cur is sid:
+                continue
+            elif isinstance(cur, str):
+                holders[h] = {cur, sid}
+            elif sid in cur:
+                continue
+            else:
+                cur.add(sid)
+            added.append(h)
+        if adopted:
+            plan.call(SREM, part.okey, members(adopted))
+        if added:
+            pid = part.pid
+            plan.call(SADD, res.keys.get(pid) or self._key(res, pid), members(added))
+            n = len(added)
+            if not res.total:
+                self.nonempty += 1
+            res.total += n
+            res.counts[pid] = res.counts.get(pid, 0) + n
+            touched[sid] = res
+
+    def _confirm_in(self, plan: Plan, part: Part, hashes: list[Hash]) -> None:
+        gone = part.pending.intersection(hashes)
+        if gone:
+            part.pending -= gone
+            plan.call(SREM, part.ukey, members(gone))
+
+    def _remove_in(
+        self, plan: Plan, part: Part, hashes: list[Hash], touched: dict[str, Residency]
+    ) -> None:
+        """Removals, grouped per set; a set losing one member (the common case: evicted
+        blocks of many sessions) goes in one SREM1 op with the others (two args each)."""
+        pop = part.holders.pop
+        pid = part.pid
+        residencies = self.res
+        groups: dict[str, list[Hash]] = {}
+        owner: dict[str, Residency] = {}
+        orphans: list[Hash] = []
+        for h in hashes:
+            cur = pop(h, _ABSENT)
+            if cur is _ABSENT:
+                continue
+            if cur is None:
+                orphans.append(h)
+                continue
+            for sid in (cur,) if isinstance(cur, str) else cur:
+                res = residencies[sid]
+                key = res.keys.get(pid) or self._key(res, pid)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [h]
+                    owner[key] = res
+                else:
+                    group.append(h)
+        if orphans:
+            plan.call(SREM, part.okey, members(orphans))
+        if not groups:
+            return
+        single_keys: list[str] = []
+        singles: list[Hash] = []
+        for key, group in groups.items():
+            res = owner[key]
+            n = len(group)
+            if n == 1:
+                single_keys.append(key)
+                singles.append(group[0])
+            else:
+                plan.call(SREM, key, members(group))
+            left = res.counts[pid] - n
+            if left:
+                res.counts[pid] = left
+            else:
+                del res.counts[pid]
+            res.total -= n
+            if not res.total:
+                self.nonempty -= 1
+            touched[res.session_id] = res
+        if singles:
+            plan.singles(SREM1, single_keys, members(singles))
+
+    def _clear_in(self, plan: Plan, touched: dict[str, Residency]) -> None:
+        d = _Delta()
+        self._clear(d)
+        plan.delete(d.deletes)
+        touched.clear()
 
     def mark_unconfirmed(self, token: str) -> tuple[Plan, int]:
         """Copy every part's entries to its unconfirmed set (SUNIONSTORE, server side)."""
@@ -255,87 +414,11 @@ class Mirror:
 
     # -- the delta ---------------------------------------------------------------------
 
-    def _part(self, medium: str, group: int, d: _Delta) -> Part:
-        part = self.parts.get((medium, group))
-        if part is None:
-            part = self.add_part(len(self.by_pid), medium, group)
-            d.new_parts.append(part)
-        return part
-
     def _key(self, res: Residency, pid: int) -> str:
         key = res.keys.get(pid)
         if key is None:
             key = res.keys[pid] = self.keys.session(pid, res.session_id)
         return key
-
-    def _store(self, d: _Delta, event: BlocksStored, ts: float, stored: dict[str, None]) -> None:
-        # The hot path of ingest: lookups are inlined rather than factored into helpers.
-        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
-        if part is None:
-            part = self._part(event.medium or DEFAULT_MEDIUM, event.group_idx or 0, d)
-        hashes = event.block_hashes
-        if part.pending:
-            self._confirm(d, part, hashes)
-        holders = part.holders
-        if event.session_id is None:
-            acc = d.set(part.okey)
-            for h in hashes:
-                if holders.get(h, _ABSENT) is _ABSENT:
-                    holders[h] = None
-                    acc[h] = True
-            return
-        res = self.res.get(event.session_id)
-        if res is None:
-            res = self.add_residency(event.session_id, 0.0)
-            d.touched[res.session_id] = res
-        sid = res.session_id
-        stored[sid] = None
-        if ts > res.t:
-            res.t = ts
-            d.touched[sid] = res
-        pid = part.pid
-        key = res.keys.get(pid) or self._key(res, pid)
-        held = d.sets.get(key)
-        if held is None:
-            held = d.sets[key] = {}
-        added = 0
-        for h in hashes:
-            cur = holders.get(h, _ABSENT)
-            if cur is _ABSENT:
-                holders[h] = sid
-            elif cur is None:
-                holders[h] = sid
-                d.set(part.okey)[h] = False
-            elif cur is sid:
-                continue
-            elif isinstance(cur, str):
-                holders[h] = {cur, sid}
-            elif sid in cur:
-                continue
-            else:
-                cur.add(sid)
-            held[h] = True
-            added += 1
-        if added:
-            if not res.total:
-                self.nonempty += 1
-            res.total += added
-            res.counts[pid] = res.counts.get(pid, 0) + added
-            d.touched[sid] = res
-
-    def _confirm(self, d: _Delta, part: Part, hashes: list[Hash]) -> None:
-        gone = part.pending.intersection(hashes)
-        if gone:
-            part.pending -= gone
-            d.pending.setdefault(part.ukey, []).extend(gone)
-
-    def _remove(self, d: _Delta, event: BlocksRemoved) -> None:
-        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
-        if part is None:
-            return
-        if part.pending:
-            self._confirm(d, part, event.block_hashes)
-        self._remove_hashes(d, part, event.block_hashes)
 
     def _remove_hashes(self, d: _Delta, part: Part, hashes: Iterable[Hash]) -> None:
         pop = part.holders.pop

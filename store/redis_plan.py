@@ -21,6 +21,8 @@ MAX_ARGS = 4000
 # Op codes, as apply.lua's CMD table maps them to commands (a whitelist, not free text).
 SADD = "a"
 SREM = "r"
+SREM1 = "R"
+"""One SREM of one member per key, for `count` keys: the op's args are the members."""
 HSET = "h"
 HSETNX = "n"
 ZADD = "z"
@@ -55,6 +57,17 @@ class Plan:
             return
         for start in range(0, len(args), MAX_ARGS):
             self.call(code, key, args[start : start + MAX_ARGS], lead)
+
+    def singles(self, code: str, keys: Sequence[str], args: Sequence[Arg]) -> None:
+        """One command per key with one arg each (`code` SREM1): two args per key, not four.
+
+        apply.lua runs them one by one (no `unpack`), so any count fits in one op.
+        """
+        ops = self.ops
+        ops.append(code)
+        ops.append(len(keys))
+        ops += args
+        self.keys += keys
 
     def delete(self, keys: Sequence[str]) -> None:
         """DEL of many keys."""

@@ -10,6 +10,8 @@ pooled connection, which is what `DirectScript` does for a standalone server.
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
@@ -17,7 +19,7 @@ import hiredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 C = TypeVar("C", bound=AbstractConnection)
 
@@ -66,21 +68,30 @@ def use_hiredis_packing(client: Redis | RedisCluster) -> None:
 
 
 class DirectScript:
-    """EVALSHA of `script` on a standalone server, packed by hiredis, on its own connections.
+    """EVALSHA of `script` on a standalone server, packed by hiredis, auto-pipelined.
 
     Does what redis-py's AsyncScript does (load the script again after NOSCRIPT) without the
-    command layer, and keeps its connections (one per concurrent call, so one per worker
-    writing at once; made by the client's pool, with its options) rather than checking one
-    out of the pool per call: measured ~7% of ingest. The connection handles errors: on
-    any failure while sending or reading it disconnects, so a half-read reply is never read
-    as the next call's, and it reconnects on its next use. A cluster keeps AsyncScript: it
-    needs redis-py's slot routing and redirections.
+    command layer. Calls from concurrent writers (one per worker: each worker's calls are
+    serialized by its lock) share one connection, made by the client's pool with its
+    options: the calls queued while the event loop runs the other tasks go out in one
+    write, and one reader task hands the replies back in order. Measured with 4 streams: ~7
+    µs of client CPU per call against ~30 with a connection per call (each call one `send`
+    and one `recv`, slow syscalls on the bench VM). Each call is still one EVALSHA, atomic
+    on its own; pipelining only batches the bytes.
+
+    Errors: an error reply fails its own call only. A connection error or timeout (the
+    connection's `socket_timeout`, per reply) fails every call in flight on that
+    connection, which is then dropped: whether those writes landed is unknown, so their
+    writers drop their mirrors. A cancelled call's reply is still read (and discarded), so
+    replies never shift. A cluster keeps AsyncScript: it needs redis-py's slot routing and
+    redirections.
     """
 
     def __init__(self, client: Redis, script: AsyncScript) -> None:
         self._client = client
         self._script = script
-        self._idle: list[AbstractConnection] = []
+        self._pipe: _Pipe | None = None
+        self._connecting: asyncio.Lock | None = None
 
     async def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         try:
@@ -91,16 +102,106 @@ class DirectScript:
 
     async def _once(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         packed = hiredis.pack_command(("EVALSHA", self._script.sha, len(keys), *keys, *args))
-        idle = self._idle
-        pool = self._client.connection_pool
-        conn = idle.pop() if idle else pool.make_connection()  # type: ignore[no-untyped-call]
-        try:
-            await conn.send_packed_command(packed)
-            return await conn.read_response()
-        finally:
-            idle.append(conn)
+        pipe = self._pipe
+        if pipe is None or pipe.dead:
+            pipe = await self._connect()
+        return await pipe.call(packed)
+
+    async def _connect(self) -> _Pipe:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            pipe = self._pipe
+            if pipe is None or pipe.dead:
+                conn = self._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+                await conn.connect()
+                pipe = self._pipe = _Pipe(conn)
+            return pipe
 
     async def aclose(self) -> None:
-        for conn in self._idle:
-            await conn.disconnect()
-        self._idle.clear()
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            await pipe.close()
+
+
+class _Pipe:
+    """One connection of DirectScript: packed calls out in one write per loop round, replies
+    back in order to the calls' futures."""
+
+    __slots__ = ("conn", "dead", "flushing", "loop", "out", "reader", "waiting")
+
+    def __init__(self, conn: AbstractConnection) -> None:
+        self.conn = conn
+        self.loop = asyncio.get_running_loop()
+        self.out: list[bytes] = []
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.flushing = False
+        self.reader: asyncio.Task[None] | None = None
+        self.dead = False
+
+    def call(self, packed: bytes) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        self.out.append(packed)
+        self.waiting.append(fut)
+        if not self.flushing:
+            self.flushing = True
+            self.loop.call_soon(self._flush)
+        if self.reader is None:
+            self.reader = self.loop.create_task(self._read())
+        return fut
+
+    def _flush(self) -> None:
+        """Write what was queued: runs once the tasks ready in this loop round have run."""
+        self.flushing = False
+        if self.dead or not self.out:
+            return
+        writer = self.conn._writer  # the connection's StreamWriter (redis-py keeps it there)
+        data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+        self.out.clear()
+        try:
+            if writer is None:
+                raise ConnectionError("connection closed")
+            writer.write(data)  # buffered by the transport; never blocks
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _read(self) -> None:
+        """Read while calls wait; the task ends when none does (the next call starts one)."""
+        waiting = self.waiting
+        try:
+            while waiting:
+                try:
+                    reply = await self.conn.read_response(disconnect_on_error=False)
+                except ResponseError as exc:  # an error reply: that call's own
+                    reply = exc
+                fut = waiting.popleft()
+                if fut.done():  # cancelled meanwhile: its reply is read and dropped
+                    continue
+                if isinstance(reply, ResponseError):
+                    fut.set_exception(reply)
+                else:
+                    fut.set_result(reply)
+        except BaseException as exc:
+            self._fail(exc)
+            await self.conn.disconnect(nowait=True)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.reader = None
+
+    def _fail(self, exc: BaseException) -> None:
+        """Every call in flight fails with `exc`; the connection is not used again."""
+        self.dead = True
+        self.out.clear()
+        if isinstance(exc, asyncio.CancelledError):
+            exc = ConnectionError("connection reader cancelled")
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def close(self) -> None:
+        self._fail(ConnectionError("store closed"))
+        if self.reader is not None:
+            self.reader.cancel()
+        await self.conn.disconnect()

@@ -8,7 +8,8 @@
 -- ARGV[4]    version the writer's mirror reflects ("" = never written, "-" = no mirror)
 -- ARGV[5]    outcome the writer predicted from its mirror ("applied" for op)
 -- ARGV[6..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
---            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys
+--            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R
+--            (SREM of one member per key) the next `count` keys and `count` args, one each
 -- Returns {outcome, current version, next version, next batch id}: outcome is one of
 -- store.model.ApplyOutcome's values or "stale" (the mirror is not the stored version: nothing
 -- was written). For duplicate and previous_engine, the next version/batch are the log entry
@@ -52,7 +53,13 @@ end
 local i, k, n = 6, 3, #ARGV
 while i <= n do
   local code, count = ARGV[i], tonumber(ARGV[i + 1])
-  if code == 'd' or code == 'u' then
+  if code == 'R' then
+    for j = 0, count - 1 do
+      redis.call('SREM', KEYS[k + j], ARGV[i + 2 + j])
+    end
+    k = k + count
+    i = i + 2 + count
+  elseif code == 'd' or code == 'u' then
     redis.call(CMD[code], unpack(KEYS, k, k + count - 1))
     k = k + count
     i = i + 2

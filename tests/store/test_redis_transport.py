@@ -1,0 +1,170 @@
+"""The apply path's wire: single-member removals (SREM1), and DirectScript's auto-pipelining.
+
+Every index test compares with the memory store through the read side (see
+test_redis_writers.snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.exceptions
+
+from store.memory import MemoryStore
+from store.model import AllCleared, ApplyOutcome, Batch, BlocksRemoved, BlocksStored, WorkerKey
+from store.redis_layout import WorkerKeys
+from store.redis_mirror import Mirror
+from store.redis_plan import SREM1
+from store.redis_transport import DirectScript
+from tests.store.conftest import MakeStore
+from tests.store.test_redis_writers import snapshot
+
+pytestmark = pytest.mark.redis
+
+WORKERS = [WorkerKey(f"pod-{i}", 0) for i in range(6)]
+
+
+def test_removals_of_one_member_per_session_go_in_one_op() -> None:
+    mirror = Mirror(WorkerKeys("p", WORKERS[0]), "", None, has_status=True)
+    stored = Batch(0, 1.0, [BlocksStored([i, 100 + i], "GPU", 0, f"s{i}") for i in range(5)])
+    mirror.apply(stored, ApplyOutcome.APPLIED, "v1", 0.0)
+    plan = mirror.apply(
+        Batch(1, 2.0, [BlocksRemoved([0, 1, 2, 102, 103])]), ApplyOutcome.APPLIED, "v2", 0.0
+    )
+    assert plan.ops[:4] == ["r", 2, 2, 102]  # s2 loses both of its blocks: a plain SREM
+    assert plan.ops[4:9] == [SREM1, 3, 0, 1, 103]  # s0, s1, s3 lose one each
+    assert plan.keys[3:6] == [WorkerKeys("p", WORKERS[0]).session(0, f"s{i}") for i in (0, 1, 3)]
+
+
+async def test_mixed_batches_match_the_memory_store(make_store: MakeStore) -> None:
+    """Ops replay in event order: store, remove, store again, clear mid-batch, orphans."""
+    store, reader = await make_store(), await make_store()
+    ref = MemoryStore()
+    big = 2**64 - 5  # a u64 above i64: sent as a negative member
+    batches = [
+        Batch(0, 1.0, [BlocksStored([1, 2, big], "GPU", 0, f"s{i}") for i in range(3)]),
+        Batch(
+            1,
+            2.0,
+            [
+                BlocksStored([7, 8], "GPU", 0, None),
+                BlocksRemoved([1, big]),
+                BlocksStored([1, 7], "GPU", 0, "s9"),
+                BlocksRemoved([2, 7]),
+                BlocksStored([2], "CPU", 0, "s0"),
+            ],
+        ),
+        Batch(2, 3.0, [BlocksStored([5], "GPU", 0, "s1"), AllCleared(), BlocksStored([6])]),
+        Batch(3, 4.0, [BlocksStored([6, 9], "GPU", 0, "s2"), BlocksRemoved([9, 6])]),
+    ]
+    for batch in batches:
+        assert await store.apply(WORKERS[0], batch) == await ref.apply(WORKERS[0], batch)
+        assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_concurrent_workers_share_one_pipelined_connection(make_store: MakeStore) -> None:
+    store, reader = await make_store(), await make_store()
+    ref = MemoryStore()
+
+    async def stream(w: WorkerKey) -> None:
+        for seq in range(30):
+            batch = Batch(
+                seq,
+                float(seq + 1),
+                [
+                    BlocksStored([seq * 10 + 1, seq * 10 + 2], "GPU", 0, f"{w.pod}-s{seq % 4}"),
+                    BlocksRemoved([(seq - 3) * 10 + 1]),
+                ],
+            )
+            assert await store.apply(w, batch) == await ref.apply(w, batch)
+
+    await asyncio.gather(*(stream(w) for w in WORKERS))
+    direct = store._direct
+    assert direct is not None
+    assert direct._pipe is not None and not direct._pipe.dead
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_an_error_reply_fails_only_its_own_call(make_store: MakeStore) -> None:
+    store = await make_store()
+    direct = store._direct
+    assert direct is not None
+    meta = store.worker_keys(WORKERS[0]).meta
+    await store._client.set(meta, "not a hash")  # HMGET on it: WRONGTYPE, for that call only
+    good = [store.worker_keys(w).meta for w in WORKERS[1:3]]
+    args = ["op", "", "", "", "applied"]
+    out = await asyncio.gather(
+        direct([good[0], good[0] + "x"], args),
+        direct([meta, meta + "x"], args),
+        direct([good[1], good[1] + "x"], args),
+        return_exceptions=True,
+    )
+    assert isinstance(out[1], redis.exceptions.ResponseError)
+    assert [r[0] for r in (out[0], out[2]) if not isinstance(r, BaseException)] == [
+        b"applied",
+        b"applied",
+    ]
+    assert await direct([good[0], good[0] + "x"], args)  # the connection carries on
+
+
+async def test_a_cancelled_call_does_not_shift_the_replies(make_store: MakeStore) -> None:
+    store = await make_store()
+    direct = store._direct
+    assert direct is not None
+    keys = [[store.worker_keys(w).meta, store.worker_keys(w).vlog] for w in WORKERS]
+    args = ["op", "", "", "", "applied"]
+    slow = asyncio.ensure_future(direct(keys[0], args))
+    fast = asyncio.ensure_future(direct(keys[1], args))
+    await asyncio.sleep(0)
+    slow.cancel()
+    assert (await fast)[0] == b"applied"
+    for k in keys[2:]:
+        assert (await direct(k, args))[0] == b"applied"
+
+
+async def test_a_dropped_connection_fails_every_call_in_flight(make_store: MakeStore) -> None:
+    """Writers of every worker whose call was in flight drop their mirrors; the next batches
+    reconnect, and the index ends as the memory store's."""
+    store, reader = await make_store(), await make_store()
+    ref = MemoryStore()
+    first = [Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s")]) for _ in WORKERS]
+    second = Batch(1, 2.0, [BlocksStored([3], "GPU", 0, "s"), BlocksRemoved([1])])
+    for w, b in zip(WORKERS, first, strict=True):
+        await store.apply(w, b)
+        await ref.apply(w, b)
+        await ref.apply(w, second)
+    direct = store._direct
+    assert direct is not None
+    pipe = direct._pipe
+    assert pipe is not None
+
+    def kill(*_: Any) -> None:
+        writer = pipe.conn._writer
+        assert writer is not None
+        writer.transport.abort()
+
+    asyncio.get_running_loop().call_soon(kill)
+    out = await asyncio.gather(*(store.apply(w, second) for w in WORKERS), return_exceptions=True)
+    failed = [w for w, r in zip(WORKERS, out, strict=True) if isinstance(r, BaseException)]
+    assert failed
+    for w, r in zip(WORKERS, out, strict=True):
+        if isinstance(r, BaseException):
+            assert isinstance(r, redis.exceptions.ConnectionError)
+            assert store._writers[w].mirror is None
+            assert await store.apply(w, second) in (ApplyOutcome.APPLIED, ApplyOutcome.DUPLICATE)
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+async def test_closing_fails_calls_in_flight(make_store: MakeStore) -> None:
+    store = await make_store()
+    direct = store._direct
+    assert isinstance(direct, DirectScript)
+    keys = [store.worker_keys(WORKERS[0]).meta, store.worker_keys(WORKERS[0]).vlog]
+    await direct(keys, ["op", "", "", "", "applied"])  # connected
+    call = asyncio.ensure_future(direct(keys, ["op", "", "", "", "applied"]))
+    await asyncio.sleep(0)
+    await direct.aclose()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await call
