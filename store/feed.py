@@ -48,7 +48,8 @@ Change = ResidencyChange | WorkerChange
 
 
 class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """One batch's residency changes on one worker, or one worker state change.
+    """One batch's residency changes on one worker (rows in session id order), or one worker
+    state change.
 
     The unit writers publish (and the Redis store puts in its stream, msgpack-encoded).
     Untracked by the garbage collector, rows as tuples: the history holds thousands of these,

@@ -144,11 +144,11 @@ class MemoryStore:
 
     def _publish_changes(self, worker: WorkerKey, ts: float) -> None:
         rows = tuple(
-            [
+            sorted(
                 (res.session.session_id, res.added, res.removed, res.total)
                 for res in self._touched
                 if res.added or res.removed
-            ]
+            )
         )
         self._touched = []
         if rows:
