@@ -54,7 +54,7 @@ class _Session:
 class _Residency:
     """One session on one worker: its hashes per part, and when it last stored there."""
 
-    __slots__ = ("added", "blocks", "last_seen", "mark", "removed", "session", "total")
+    __slots__ = ("added", "before", "blocks", "last_seen", "mark", "removed", "session", "total")
 
     def __init__(self, session: _Session) -> None:
         self.session = session
@@ -66,12 +66,15 @@ class _Residency:
         """The batch number `added` and `removed` count for (the change feed's per-batch delta)."""
         self.added = 0
         self.removed = 0
+        self.before = 0
+        """`total` when this batch first touched the residency."""
 
     def touch(self, batch: int, touched: list[_Residency]) -> None:
-        """Start counting this batch's delta, once per batch."""
+        """Start counting this batch's delta, once per batch (before any change)."""
         if self.mark != batch:
             self.mark = batch
             self.added = self.removed = 0
+            self.before = self.total
             touched.append(self)
 
     def count(self) -> int:
@@ -86,12 +89,23 @@ class _Residency:
 
 
 class _Worker:
-    __slots__ = ("fence", "key", "last_event_at", "parts", "sessions", "status", "unconfirmed")
+    __slots__ = (
+        "active",
+        "fence",
+        "key",
+        "last_event_at",
+        "parts",
+        "sessions",
+        "status",
+        "unconfirmed",
+    )
 
     def __init__(self, key: WorkerKey) -> None:
         self.key = key
         self.parts: dict[PartKey, dict[Hash, Holders]] = {}
         self.sessions: dict[str, _Residency] = {}
+        self.active = 0
+        """Sessions with at least one block here, kept per batch: list_workers is hot."""
         self.unconfirmed: dict[PartKey, set[Hash]] = {}
         """Entries held over an unrepaired gap and not stored again since."""
         self.fence: Fence | None = None
@@ -138,9 +152,19 @@ class MemoryStore:
                 self._clear(w)
         w.fence = advance(w.fence, outcome, batch.seq, ts)
         w.last_event_at = time.time()
-        if self._touched:
-            self._publish_changes(w.key, ts)
+        self._finish(w, ts)
         return outcome
+
+    def _finish(self, w: _Worker, ts: float) -> None:
+        """Close a batch (or a worker operation): session counts, then the change feed."""
+        if not self._touched:
+            return
+        for res in self._touched:
+            if res.before == 0 and res.total > 0:
+                w.active += 1
+            elif res.before > 0 and res.total == 0:
+                w.active -= 1
+        self._publish_changes(w.key, ts)
 
     def _publish_changes(self, worker: WorkerKey, ts: float) -> None:
         rows = tuple(
@@ -289,22 +313,28 @@ class MemoryStore:
         w = self._workers.get(worker)
         if w is None:
             return 0
+        self._batch += 1
         dropped = 0
         for pk, pending in w.unconfirmed.items():
             dropped += len(pending)
             self._remove_hashes(w, pk, pending)
         w.unconfirmed = {}
+        self._finish(w, _engine_time(w))
         return dropped
 
     async def clear_worker(self, worker: WorkerKey) -> None:
         w = self._workers.get(worker)
         if w is not None:
+            self._batch += 1
             self._clear(w)
+            self._finish(w, _engine_time(w))
 
     async def remove_worker(self, worker: WorkerKey) -> None:
         w = self._workers.pop(worker, None)
         if w is not None:
+            self._batch += 1
             self._clear(w)
+            self._finish(w, _engine_time(w))
 
     async def expire_sessions(self, older_than: float) -> int:
         expired = [
@@ -388,7 +418,7 @@ class MemoryStore:
                 pod=w.key.pod,
                 dp_rank=w.key.dp_rank,
                 blocks=w.entries(),
-                sessions=sum(1 for r in w.sessions.values() if r.count()),
+                sessions=w.active,
                 last_seq=w.fence.seq if w.fence else None,
                 last_event_at=w.last_event_at,
                 status=w.status,
@@ -426,6 +456,11 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+def _engine_time(w: _Worker) -> float:
+    """The feed's time for a change no batch made: the worker's last engine time if known."""
+    return w.fence.last_ts if w.fence is not None else time.time()
 
 
 def _held_prefix(w: _Worker, hashes: list[Hash]) -> list[tuple[str, ...]]:
