@@ -14,7 +14,7 @@ import structlog
 import uvicorn
 
 from api.app import create_app
-from kvsi.janitor import run_janitor
+from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import Settings, bearer_tokens
 from store.base import IndexStore
 from store.select import open_store
@@ -99,6 +99,9 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             ),
             name="janitor",
         )
+    )
+    tasks.append(
+        asyncio.create_task(run_gc_freezer(settings.gc_freeze_interval_seconds), name="gc-freezer")
     )
     try:
         if settings.api:

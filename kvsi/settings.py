@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     """Sessions with no resident block are forgotten after this long without a store."""
     worker_grace_seconds: float = Field(default=600.0, gt=0)
     """A worker disconnected for longer than this is removed with all its data."""
+    gc_freeze_interval_seconds: float = Field(default=2.0, gt=0)
+    """How often surviving objects are frozen out of the garbage collector's scans (keeps
+    full collections over a large in-memory index from stalling the API)."""
     janitor_interval_seconds: float = Field(default=30.0, gt=0)
     """How often idle sessions and gone workers are looked for."""
     ingest_queue_size: int = Field(default=10_000, ge=1)
