@@ -465,11 +465,11 @@ def _engine_time(w: _Worker) -> float:
 
 def _held_prefix(w: _Worker, hashes: list[Hash]) -> list[tuple[str, ...]]:
     """Media holding each block of the run of `hashes` the worker holds from the first."""
-    parts = [(medium, part) for (medium, _), part in sorted(w.parts.items()) if part]
+    parts = [(medium, part) for (medium, _), part in w.parts.items() if part]
     out: list[tuple[str, ...]] = []
     for h in hashes:
-        media = tuple(sorted({medium for medium, part in parts if h in part}))
+        media = {medium for medium, part in parts if h in part}
         if not media:
             break
-        out.append(media)
+        out.append(tuple(sorted(media)))
     return out

@@ -43,8 +43,8 @@ medium 0.5).
   prefill), else the session score.
 
 Order: `score`, then the session score, then `live` before other states, then pod and
-dp_rank. A worker whose `state` is not `live` is ranked on what the index holds; its state
-says the numbers are not exact.
+dp_rank; the best `limit` (default 10) are returned. A worker whose `state` is not `live`
+is ranked on what the index holds; its state says the numbers are not exact.
 """
 
 
@@ -94,6 +94,9 @@ class RouteRequest(BaseModel):
         max_length=MAX_CANDIDATES,
         description='Pods ("vllm-0") or workers ("vllm-0/1") to rank; default every '
         "worker that is not disconnected.",
+    )
+    limit: int = Field(
+        default=10, ge=1, le=MAX_CANDIDATES, description="Return the best `limit` workers."
     )
     weights: dict[Medium, Weight] | None = Field(
         default=None,
@@ -181,7 +184,7 @@ async def route(body: RouteRequest, reader: Reader) -> RouteResponse:
                 by_medium=r.by_medium,
                 state=WorkerState(r.state),
             )
-            for r in ranked
+            for r in ranked[: body.limit]
         ],
         prompt_blocks=len(hashes or []),
         block_hashes=computed,
