@@ -189,6 +189,32 @@ async def query_latency(
     return store_times, api_times
 
 
+async def feed_latency(port: int, batches: int, seed: int) -> list[float]:
+    """Seconds from a writer's `apply` returning to the first change of its batch in another
+    store's hub (an API replica's `change_feed()`), batches applied one at a time."""
+    raw = redis.Redis(port=port)
+    raw.flushall()
+    writer, reader = store_at(port), store_at(port)
+    sub = (await reader.change_feed()).subscribe(after=None)
+    decoder = ingest_decoder()
+    worker = WorkerKey("pod-0", 0)
+    times = []
+    for seq, payload in enumerate(small_events(batches, seed)):
+        decoded = decoder.decode(payload)
+        await writer.apply(worker, Batch(seq, decoded.ts, decoded.events))
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(sub.next(), 5.0)
+        except TimeoutError:
+            continue  # a batch that changed no residency has no record
+        times.append(time.perf_counter() - started)
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+    await writer.close()
+    await reader.close()
+    return times
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -203,6 +229,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--feed-batches", type=int, default=500)
     asyncio.run(run(parser.parse_args()))
 
 
@@ -245,6 +272,10 @@ async def run(args: argparse.Namespace) -> None:
         ):
             p50, p99 = pct(times, 0.5) * 1e3, pct(times, 0.99) * 1e3
             print(f"{name:<22} p50 {p50:.3f} ms  p99 {p99:.3f} ms")
+
+        times = await feed_latency(port, args.feed_batches, args.seed)
+        print(f"\n(4) change feed: apply returned -> change in another store's hub, {len(times)}")
+        print(f"p50 {pct(times, 0.5) * 1e3:.3f} ms  p99 {pct(times, 0.99) * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ import itertools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import msgspec
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
+from store.feed import FeedRecord, WorkerChange
 from store.model import ApplyOutcome, Batch, WorkerKey, WorkerStatus, decide
 from store.redis_layout import (
     DEFAULT_PREFIX,
@@ -31,9 +32,9 @@ from store.redis_layout import (
     hash_of,
     worker_member,
 )
-from store.redis_mirror import Mirror, batch_id
+from store.redis_mirror import FEED_LENGTH, Mirror, batch_id
 from store.redis_plan import MAX_ARGS, Arg, Plan
-from store.redis_reads import Client, RedisReader, Seen, fence_of
+from store.redis_reads import Client, RedisReader, Seen, fence_of, lua
 from store.redis_transport import DirectScript, use_hiredis_packing
 
 SCHEMES = {
@@ -54,9 +55,7 @@ _NO_MIRROR = "-"
 
 T = TypeVar("T")
 
-
-def _lua(name: str) -> str:
-    return resources.files("store").joinpath("lua", f"{name}.lua").read_text()
+_RECORDS = msgspec.msgpack.Encoder()
 
 
 class _Reply(NamedTuple):
@@ -83,10 +82,17 @@ class RedisStore(RedisReader):
     """IndexStore on Redis (`redis://`, `rediss://`) or Redis Cluster (`redis[s]+cluster://`)."""
 
     def __init__(
-        self, client: Client, *, prefix: str = DEFAULT_PREFIX, registry_ttl: float = 1.0
+        self,
+        client: Client,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        registry_ttl: float = 1.0,
+        feed_length: int = FEED_LENGTH,
     ) -> None:
         super().__init__(client, prefix=prefix, registry_ttl=registry_ttl)
-        apply_script = client.register_script(_lua("apply"))
+        self._feed_length = feed_length
+        self._status_script: AsyncScript = client.register_script(lua("status"))
+        apply_script = client.register_script(lua("apply"))
         self._direct = (
             None if isinstance(client, RedisCluster) else DirectScript(client, apply_script)
         )
@@ -95,7 +101,7 @@ class RedisStore(RedisReader):
             self._apply_call = lambda keys, args: apply_script(keys=keys, args=args)
         else:
             self._apply_call = self._direct
-        self._expire_script: AsyncScript = client.register_script(_lua("expire"))
+        self._expire_script: AsyncScript = client.register_script(lua("expire"))
         self._writers: dict[WorkerKey, _Writer] = {}
         self._token_prefix = secrets.token_hex(6) + "."
         self._tokens = itertools.count()
@@ -107,7 +113,8 @@ class RedisStore(RedisReader):
         Options of this store, removed before the rest goes to redis-py (which takes e.g.
         `socket_timeout`): `prefix` (default `kvsi`) starts every key, so several fleets
         share one Redis; `registry_ttl` (seconds, default 1) is how long reads reuse the
-        list of workers before asking Redis again (0: every read asks).
+        list of workers before asking Redis again (0: every read asks); `feed_length`
+        (default 1000) bounds each worker's change-feed stream (XADD MAXLEN ~).
         """
         split = urlsplit(url)
         scheme = SCHEMES.get(split.scheme)
@@ -119,6 +126,12 @@ class RedisStore(RedisReader):
             ttl = float(options.pop("registry_ttl", "1"))
         except ValueError:
             raise ValueError(f"store URL {url!r}: registry_ttl must be a number") from None
+        try:
+            feed_length = int(options.pop("feed_length", str(FEED_LENGTH)))
+        except ValueError:
+            feed_length = 0
+        if feed_length < 1:
+            raise ValueError(f"store URL {url!r}: feed_length must be a positive integer")
         rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
         client: Client
         if split.scheme.endswith("+cluster"):
@@ -126,7 +139,7 @@ class RedisStore(RedisReader):
         else:
             client = Redis.from_url(rest)
         use_hiredis_packing(client)
-        return cls(client, prefix=prefix, registry_ttl=ttl)
+        return cls(client, prefix=prefix, registry_ttl=ttl, feed_length=feed_length)
 
     # -- batches ------------------------------------------------------------------------
 
@@ -214,7 +227,10 @@ class RedisStore(RedisReader):
             pipe.hgetall(keys.res)
             meta, parts, residencies = await pipe.execute()
             ver = meta.get(b"ver", b"").decode()
-            mirror = Mirror(keys, ver, fence_of(meta), has_status=b"since" in meta)
+            mirror = Mirror(
+                keys, ver, fence_of(meta), has_status=b"since" in meta, indexed=b"idx" in meta
+            )
+            mirror.feed_length = self._feed_length
             mirror.registered = bool(meta)
             if mirror.registered and self._registry is not None:
                 self._registry.add(w.worker)  # reads here see what this process writes
@@ -292,20 +308,29 @@ class RedisStore(RedisReader):
         raise RuntimeError(f"worker {worker}: changed by another writer on every attempt")
 
     async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
-        """HSET on the worker's meta and SADD to the registry; not versioned: the status is
-        no part of the index a mirror copies. O(1)."""
-        pipe = self._pipeline()
-        pipe.sadd(self._registry_key, worker_member(worker))
-        pipe.hset(
-            self.worker_keys(worker).meta,
-            mapping={
-                "state": status.state.value,
-                "since": status.since,
-                "detail": status.detail,
-                "lost": status.batches_lost,
-            },
+        """status.lua on the worker's meta (which also adds a feed record when the state or
+        detail changed, atomically: once, whichever process wrote), and SADD to the
+        registry, concurrently. Not versioned: the status is no part of the index a mirror
+        copies. O(1)."""
+        keys = self.worker_keys(worker)
+        change = WorkerChange(
+            worker.pod, worker.dp_rank, status.state.value, status.since, status.detail
         )
-        await pipe.execute()
+        record = FeedRecord(worker.pod, worker.dp_rank, status.since, state=change)
+        await asyncio.gather(
+            self._client.sadd(self._registry_key, worker_member(worker)),
+            self._status_script(
+                keys=[keys.meta, keys.feed],
+                args=[
+                    status.state.value,
+                    status.since,
+                    status.detail,
+                    status.batches_lost,
+                    self._feed_length,
+                    _RECORDS.encode(record),
+                ],
+            ),
+        )
         if self._registry is not None:
             self._registry.add(worker)
 
@@ -411,6 +436,7 @@ class RedisStore(RedisReader):
                 mirror.forget(sid for sid, s in zip(chunk, scores, strict=True) if s is None)
 
     async def close(self) -> None:
+        await self._stop_feed()
         if self._direct is not None:
             await self._direct.aclose()
         await self._client.aclose()

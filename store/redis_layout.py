@@ -21,6 +21,20 @@ _WRAP = 1 << 64
 META_FENCE = ("seq", "epoch", "last_ts")
 """Meta hash fields of the fence, in `store.model.Fence` order."""
 
+BUCKETS = 128
+"""Buckets of a part's entry index (`P:{W}:e:<pid>:<bucket>`): a 50,000-entry part puts
+~390 (max ~450) members in each, under Redis' default `set-max-intset-entries` (512), so every
+bucket of u64 hashes stays a compact intset (8 bytes a member). A power of two."""
+
+_BUCKET_MASK = BUCKETS - 1
+
+
+def bucket(h: Hash) -> int:
+    """The entry-index bucket of a hash: its low bits (u64), or its last byte's (digest)."""
+    if isinstance(h, bytes):
+        return h[-1] & _BUCKET_MASK if h else 0
+    return h & _BUCKET_MASK
+
 
 def member(h: Hash) -> int | bytes:
     """A block hash as a set member: u64 as signed i64 (so Redis keeps an intset), digests marked.
@@ -81,17 +95,19 @@ class WorkerKeys:
     and a session id (which may hold braces) only ever comes after them.
     """
 
-    __slots__ = ("base", "meta", "parts", "res", "seen", "vlog")
+    __slots__ = ("base", "feed", "meta", "parts", "res", "seen", "vlog", "worker")
 
     def __init__(self, prefix: str, worker: WorkerKey) -> None:
         if "{" in worker.pod or "}" in worker.pod:
             raise ValueError(f"pod name {worker.pod!r} must not contain '{{' or '}}'")
+        self.worker = worker
         self.base = f"{prefix}:{{{worker.pod}/{worker.dp_rank}}}:"
         self.meta = self.base + "meta"
         self.vlog = self.base + "vlog"
         self.parts = self.base + "parts"
         self.seen = self.base + "seen"
         self.res = self.base + "res"
+        self.feed = self.base + "feed"
 
     def session(self, pid: int, session_id: str) -> str:
         """The session's entries in one part of the worker (medium, group)."""
@@ -100,6 +116,11 @@ class WorkerKeys:
     def orphans(self, pid: int) -> str:
         """Entries of the part that no session holds (stored without a session_id)."""
         return f"{self.base}o:{pid}"
+
+    def entries(self, pid: int) -> list[str]:
+        """The part's entry index: bucket key per `bucket(h)`, every hash the part holds."""
+        head = f"{self.base}e:{pid}:"
+        return [f"{head}{b}" for b in range(BUCKETS)]
 
     def unconfirmed(self, pid: int) -> str:
         """Entries of the part held over an unrepaired gap, not stored again since."""

@@ -18,6 +18,7 @@ from typing import Final
 
 import msgspec
 
+from store.feed import FeedRecord, ResidencyRow
 from store.model import (
     DEFAULT_MEDIUM,
     AllCleared,
@@ -29,8 +30,28 @@ from store.model import (
     Hash,
     advance,
 )
-from store.redis_layout import WorkerKeys, encode_part, encode_residency, members
-from store.redis_plan import HSET, HSETNX, LPUSH, LTRIM, SADD, SREM, SREM1, ZADD, Arg, Plan
+from store.redis_layout import (
+    BUCKETS,
+    WorkerKeys,
+    bucket,
+    encode_part,
+    encode_residency,
+    members,
+)
+from store.redis_plan import (
+    HSET,
+    HSETNX,
+    LPUSH,
+    LTRIM,
+    SADD,
+    SADD1,
+    SREM,
+    SREM1,
+    XADD,
+    ZADD,
+    Arg,
+    Plan,
+)
 
 PartKey = tuple[str, int]
 """(medium, group_idx): the part of a worker's cache an entry lives in."""
@@ -47,7 +68,12 @@ VLOG_LENGTH = 16
 may lag and still follow the first without reloading its copy."""
 
 
+FEED_LENGTH = 1000
+"""Records kept in a worker's feed stream (`XADD MAXLEN ~`): what an API replica's pump may
+lag behind (it reads every ~50 ms); resuming a watch uses the replica's own history."""
+
 _ENCODER = msgspec.msgpack.Encoder()
+_MASK = BUCKETS - 1
 
 
 def batch_id(batch: Batch) -> str:
@@ -62,7 +88,7 @@ def batch_id(batch: Batch) -> str:
 class Part:
     """One (medium, group) of the worker: entry -> holders, and entries still unconfirmed."""
 
-    __slots__ = ("group", "holders", "medium", "okey", "pending", "pid", "ukey")
+    __slots__ = ("ekeys", "group", "holders", "medium", "okey", "pending", "pid", "ukey")
 
     def __init__(self, keys: WorkerKeys, pid: int, medium: str, group: int) -> None:
         self.pid = pid
@@ -72,6 +98,17 @@ class Part:
         self.pending: set[Hash] = set()
         self.okey = keys.orphans(pid)
         self.ukey = keys.unconfirmed(pid)
+        self.ekeys = keys.entries(pid)
+        """The entry index's bucket keys, by `bucket(h)`."""
+
+    def index(self, plan: Plan, code: str, hashes: list[Hash]) -> None:
+        """Add (SADD1) or remove (SREM1) entries that appeared in or left the part."""
+        ekeys = self.ekeys
+        try:
+            keys = [ekeys[h & _MASK] for h in hashes]  # type: ignore[operator]
+        except TypeError:  # a digest among them
+            keys = [ekeys[bucket(h)] for h in hashes]
+        plan.singles(code, keys, members(hashes))
 
 
 class Residency:
@@ -117,7 +154,14 @@ class Mirror:
     writes only if it still matches, so a stale copy can never write a wrong delta.
     """
 
-    def __init__(self, keys: WorkerKeys, ver: str, fence: Fence | None, has_status: bool) -> None:
+    def __init__(
+        self,
+        keys: WorkerKeys,
+        ver: str,
+        fence: Fence | None,
+        has_status: bool,
+        indexed: bool = False,
+    ) -> None:
         self.keys = keys
         self.ver = ver
         self.fence = fence
@@ -131,6 +175,14 @@ class Mirror:
         """Writes through this copy: every VLOG_LENGTH-th one trims the version log."""
         self.registered = False
         """Whether the worker is in the registry (its meta existed at load, or we added it)."""
+        self.indexed = indexed
+        """Whether Redis has the worker's entry index (meta `idx`); if not (a worker written
+        before the index existed, or a new one), the next write builds it whole."""
+        self.feed_length = FEED_LENGTH
+        self._delta: dict[str, list[int]] = {}
+        """Per session, [added, removed] in the batch being planned (the feed's rows)."""
+        self._closed: list[ResidencyRow] = []
+        """Rows of residencies a clear ended in the batch being planned."""
 
     # -- loading (store.redis reads the keys, this rebuilds the maps) -----------------------
 
@@ -177,6 +229,8 @@ class Mirror:
         """
         plan = Plan(self.keys)
         touched: dict[str, Residency] = {}
+        self._delta = {}
+        self._closed = []
         if outcome is ApplyOutcome.RESTARTED:
             self._clear_in(plan, touched)
         ts = batch.ts
@@ -203,6 +257,8 @@ class Mirror:
                 else:
                     args += (sid, encode_residency(res.t, res.counts))
             plan.call(HSET, self.keys.res, args)
+        if self._delta or self._closed:
+            self._feed_in(plan, ts)
         self._finish(
             plan,
             token,
@@ -250,6 +306,7 @@ class Mirror:
                     new.append(h)
             if new:
                 plan.call(SADD, part.okey, members(new))
+                part.index(plan, SADD1, new)
             return
         res = self.res.get(event.session_id)
         if res is None:
@@ -262,11 +319,13 @@ class Mirror:
             res.tr = tr
             touched[sid] = res
         added: list[Hash] = []
+        fresh: list[Hash] = []
         adopted: list[Hash] | None = None
         for h in hashes:
             cur = holders.get(h, _ABSENT)
             if cur is _ABSENT:
                 holders[h] = sid
+                fresh.append(h)
             elif cur is None:
                 holders[h] = sid
                 if adopted is None:
@@ -287,12 +346,19 @@ class Mirror:
         if added:
             pid = part.pid
             plan.call(SADD, res.keys.get(pid) or self._key(res, pid), members(added))
+            if fresh:
+                part.index(plan, SADD1, fresh)
             n = len(added)
             if not res.total:
                 self.nonempty += 1
             res.total += n
             res.counts[pid] = res.counts.get(pid, 0) + n
             touched[sid] = res
+            delta = self._delta.get(sid)
+            if delta is None:
+                self._delta[sid] = [n, 0]
+            else:
+                delta[0] += n
 
     def _confirm_in(self, plan: Plan, part: Part, hashes: list[Hash]) -> None:
         gone = part.pending.intersection(hashes)
@@ -311,10 +377,12 @@ class Mirror:
         groups: dict[str, list[Hash]] = {}
         owner: dict[str, Residency] = {}
         orphans: list[Hash] = []
+        gone: list[Hash] = []
         for h in hashes:
             cur = pop(h, _ABSENT)
             if cur is _ABSENT:
                 continue
+            gone.append(h)
             if cur is None:
                 orphans.append(h)
                 continue
@@ -330,9 +398,12 @@ class Mirror:
         if orphans:
             plan.call(SREM, part.okey, members(orphans))
         if not groups:
+            if gone:
+                part.index(plan, SREM1, gone)
             return
         single_keys: list[str] = []
         singles: list[Hash] = []
+        deltas = self._delta
         for key, group in groups.items():
             res = owner[key]
             n = len(group)
@@ -350,10 +421,27 @@ class Mirror:
             if not res.total:
                 self.nonempty -= 1
             touched[res.session_id] = res
+            delta = deltas.get(res.session_id)
+            if delta is None:
+                deltas[res.session_id] = [0, n]
+            else:
+                delta[1] += n
         if singles:
             plan.singles(SREM1, single_keys, members(singles))
+        part.index(plan, SREM1, gone)
 
     def _clear_in(self, plan: Plan, touched: dict[str, Residency]) -> None:
+        # The feed's rows as the memory store has them: every residency of the batch so far,
+        # or holding blocks, ends here with 0 blocks; one stored again later is a new row.
+        closed = self._closed
+        delta = self._delta
+        for sid, res in self.res.items():
+            counted = delta.get(sid)
+            if counted is not None:
+                closed.append((sid, counted[0], counted[1] + res.total, 0))
+            elif res.total:
+                closed.append((sid, 0, res.total, 0))
+        self._delta = {}
         d = _Delta()
         self._clear(d)
         plan.delete(d.deletes)
@@ -398,7 +486,7 @@ class Mirror:
         self._clear(d)
         keys = self.keys
         plan = Plan(keys)
-        plan.delete([*d.deletes, keys.meta, keys.vlog, keys.parts, keys.seen])
+        plan.delete([*d.deletes, keys.meta, keys.vlog, keys.parts, keys.seen, keys.feed])
         return plan
 
     def idle(self, older_than: float) -> list[str]:
@@ -428,6 +516,7 @@ class Mirror:
             cur = pop(h, _ABSENT)
             if cur is _ABSENT:
                 continue
+            d.set(part.ekeys[bucket(h)])[h] = False
             if cur is None:
                 d.set(part.okey)[h] = False
                 continue
@@ -449,6 +538,27 @@ class Mirror:
                     self.nonempty -= 1
                 d.touched[sid] = res
 
+    def _feed_in(self, plan: Plan, ts: float) -> None:
+        """The batch's change-feed record, as store.memory publishes it: one row per session
+        whose blocks changed, (session, added, removed, blocks now), sorted."""
+        res = self.res
+        rows = sorted(
+            [
+                *self._closed,
+                *((sid, d[0], d[1], res[sid].total) for sid, d in self._delta.items()),
+            ]
+        )
+        self._delta = {}
+        self._closed = []
+        if rows:
+            worker = self.keys.worker
+            record = FeedRecord(worker.pod, worker.dp_rank, ts, tuple(rows))
+            plan.call(
+                XADD,
+                self.keys.feed,
+                ["MAXLEN", "~", self.feed_length, "*", "r", _ENCODER.encode(record)],
+            )
+
     def _clear(self, d: _Delta) -> None:
         # Keys touched earlier in this write may exist in Redis with members this copy no
         # longer lists (a removal before the clear), so they are deleted too.
@@ -457,6 +567,7 @@ class Mirror:
             d.deletes.extend(self._key(res, pid) for pid in res.counts)
         for part in self.by_pid.values():
             d.deletes += (part.okey, part.ukey)
+            d.deletes += part.ekeys
             part.holders.clear()
             part.pending.clear()
         d.deletes.append(self.keys.res)
@@ -465,6 +576,22 @@ class Mirror:
         d.sets.clear()
         d.pending.clear()
         d.touched.clear()
+
+    def _build_index(self, plan: Plan) -> None:
+        """The whole entry index, from the holders: once per worker written before it existed
+        (O(worker entries)), and on a new worker's first write (SADDs of what it just added)."""
+        for part in self.by_pid.values():
+            buckets: dict[int, list[Hash]] = {}
+            for h in part.holders:
+                b = bucket(h)
+                group = buckets.get(b)
+                if group is None:
+                    buckets[b] = [h]
+                else:
+                    group.append(h)
+            for b, group in buckets.items():
+                plan.call(SADD, part.ekeys[b], members(group))
+        self.indexed = True
 
     def _unconfirmed(self) -> int:
         return sum(len(p.pending) for p in self.by_pid.values())
@@ -502,6 +629,9 @@ class Mirror:
 
     def _finish(self, plan: Plan, token: str, name: str, meta: list[Arg]) -> None:
         """Counts, version and its log entry (`name`: the batch, "" for other writes)."""
+        if not self.indexed:
+            self._build_index(plan)
+            meta = [*meta, "idx", 1]
         blocks = sum(len(p.holders) for p in self.by_pid.values())
         plan.call(
             HSET,

@@ -23,6 +23,8 @@ SADD = "a"
 SREM = "r"
 SREM1 = "R"
 """One SREM of one member per key, for `count` keys: the op's args are the members."""
+SADD1 = "A"
+"""One SADD of one member per key, for `count` keys (as SREM1)."""
 HSET = "h"
 HSETNX = "n"
 ZADD = "z"
@@ -30,6 +32,7 @@ LPUSH = "l"
 LTRIM = "t"
 DEL = "d"
 SUNIONSTORE = "u"
+XADD = "x"
 
 
 class Plan:

@@ -7,12 +7,16 @@ each), and never SCAN the keyspace. Layout: store/README.md.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Sequence
+from importlib import resources
 from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import NoScriptError
 
+from store.feed import FeedHub
 from store.model import (
     Fence,
     Hash,
@@ -26,18 +30,21 @@ from store.model import (
     WorkerView,
 )
 from store.paging import decode_session_cursor, encode_session_cursor, page_hashes
+from store.redis_feed import FeedPump, stream_ends
 from store.redis_layout import (
     META_FENCE,
     WorkerKeys,
+    bucket,
     check_prefix,
     decode_part,
     decode_residency,
     hash_of,
+    member,
     parse_worker,
     registry_key,
     retired_key,
 )
-from store.redis_plan import MAX_ARGS
+from store.redis_plan import MAX_ARGS, Arg
 
 Client = Redis | RedisCluster
 
@@ -52,6 +59,15 @@ class Seen(NamedTuple):
     res: str | None
     counted: bool
     """Its blocks count in a listing (the listing's pod filter)."""
+
+
+PREFIX_ATTEMPTS = 3
+"""Rounds of prefix.lua for a worker whose part count grew since it was cached."""
+
+
+def lua(name: str) -> str:
+    """The source of store/lua/<name>.lua."""
+    return resources.files("store").joinpath("lua", f"{name}.lua").read_text()
 
 
 def fence_of(meta: dict[bytes, bytes | None]) -> Fence | None:
@@ -99,6 +115,12 @@ class RedisReader:
         self._registry: set[WorkerKey] | None = None
         self._registry_at = 0.0
         self._keys: dict[WorkerKey, WorkerKeys] = {}
+        self._prefix_script = client.register_script(lua("prefix"))
+        self._part_counts: dict[WorkerKey, int] = {}
+        """Parts per worker as prefix.lua last saw them (parts only grow until removal)."""
+        self._hub = FeedHub()
+        self._pump: FeedPump | None = None
+        self._pump_lock = asyncio.Lock()
 
     def worker_keys(self, worker: WorkerKey) -> WorkerKeys:
         """The worker's key names (cached: building them costs more than using them)."""
@@ -107,14 +129,14 @@ class RedisReader:
             keys = self._keys[worker] = WorkerKeys(self._prefix, worker)
         return keys
 
-    async def _known(self) -> list[WorkerKey]:
-        """Registered workers, from a cache at most `registry_ttl` old.
+    async def _known(self, fresh: bool = False) -> list[WorkerKey]:
+        """Registered workers, from a cache at most `registry_ttl` old (unless `fresh`).
 
         The cache spares every query a round trip to the registry's node; this process's
         own registrations and removals update it at once, other processes' after the ttl.
         """
         now = time.monotonic()
-        if self._registry is None or now - self._registry_at >= self._registry_ttl:
+        if fresh or self._registry is None or now - self._registry_at >= self._registry_ttl:
             raw = cast(set[bytes], await self._client.smembers(self._registry_key))
             self._registry = {parse_worker(m) for m in raw}
             self._registry_at = now
@@ -390,3 +412,108 @@ class RedisReader:
                 )
             )
         return views
+
+    async def match_prefix(
+        self, hashes: list[Hash], workers: list[WorkerKey] | None
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        """prefix.lua per chosen worker, all in one pipeline (one round trip per node).
+
+        Each call declares the worker's parts hash and, per part, the entry-index buckets of
+        the prompt's hashes (every key in the worker's slot), and walks the hashes in order
+        with SISMEMBER until the first one no part holds. A worker with more parts than
+        cached answers with its count and is asked again. O(workers x matched x parts).
+        """
+        known = await self._known()
+        if workers is None:
+            chosen = known
+        else:
+            registered = set(known)
+            chosen = [w for w in dict.fromkeys(workers) if w in registered]
+        out: dict[WorkerKey, list[tuple[str, ...]]] = {w: [] for w in chosen}
+        if not hashes or not chosen:
+            return out
+        slots: dict[int, int] = {}
+        tail: list[Arg] = []
+        for h in hashes:
+            b = bucket(h)
+            j = slots.get(b)
+            if j is None:
+                j = slots[b] = len(slots) + 1
+            tail += (member(h), j)
+        buckets = list(slots)
+        pending = chosen
+        for _ in range(PREFIX_ATTEMPTS):
+            counts = [self._part_counts.get(w, 1) for w in pending]
+            calls = [
+                self._prefix_call(w, k, buckets, tail) for w, k in zip(pending, counts, strict=True)
+            ]
+            replies = await self._scripted(self._prefix_script, calls)
+            again = []
+            for w, k, reply in zip(pending, counts, replies, strict=True):
+                n = int(reply[0])
+                self._part_counts[w] = max(n, 1)
+                if n > k:
+                    again.append(w)
+                else:
+                    out[w] = [tuple(sorted(m.decode() for m in held)) for held in reply[1]]
+            if not again:
+                return out
+            pending = again
+        raise RuntimeError("match_prefix: workers gained parts on every attempt")
+
+    def _prefix_call(
+        self, worker: WorkerKey, parts: int, buckets: list[int], tail: list[Arg]
+    ) -> tuple[list[str], list[Arg]]:
+        """KEYS and ARGV of prefix.lua for one worker, declaring `parts` parts' buckets."""
+        keys = self.worker_keys(worker)
+        names = [keys.parts, *(f"{keys.base}e:{p}:{b}" for p in range(parts) for b in buckets)]
+        return names, [parts, len(buckets), *tail]
+
+    async def _scripted(
+        self, script: Any, calls: Sequence[tuple[list[str], list[Arg]]]
+    ) -> list[Any]:
+        """EVALSHAs of `script` (KEYS, ARGV each) in one pipeline; again after loading the
+        script if a node lacks it (restarted, or a failover). Other errors propagate."""
+        for attempt in range(2):
+            pipe = self._pipeline()
+            for keys, args in calls:
+                # execute_command: the cluster pipeline blocks its evalsha helper; EVALSHA
+                # itself is routed by its first key, as redis-py special-cases it.
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            missing = any(isinstance(r, NoScriptError) for r in replies)
+            if missing and not attempt:
+                script.sha = await self._client.script_load(script.script)
+                continue
+            for r in replies:
+                if isinstance(r, Exception):
+                    raise r
+            return replies
+        raise AssertionError("unreachable")
+
+    async def change_feed(self) -> FeedHub:
+        """This process's hub, fed from the workers' feed streams by a pump started on the
+        first call: from each stream's end at that moment (one pipelined XREVRANGE), so every
+        change written after this returns reaches the hub. Raises if Redis is unreachable
+        then (the next call tries again)."""
+        if self._pump is None:
+            async with self._pump_lock:
+                if self._pump is None:
+                    workers = await self._known(fresh=True)
+                    feeds = [self.worker_keys(w).feed for w in workers]
+                    ends = await stream_ends(self._client, feeds)
+                    pump = FeedPump(
+                        self._client,
+                        self._hub,
+                        self._known,
+                        lambda w: self.worker_keys(w).feed,
+                        dict(zip(workers, ends, strict=True)),
+                    )
+                    pump.start()
+                    self._pump = pump
+        return self._hub
+
+    async def _stop_feed(self) -> None:
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            await pump.stop()

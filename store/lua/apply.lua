@@ -8,16 +8,19 @@
 -- ARGV[4]    version the writer's mirror reflects ("" = never written, "-" = no mirror)
 -- ARGV[5]    outcome the writer predicted from its mirror ("applied" for op)
 -- ARGV[6..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
---            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R
---            (SREM of one member per key) the next `count` keys and `count` args, one each
+--            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R/A
+--            (SREM/SADD of one member per key) the next `count` keys and `count` args, one
+--            each. An XADD op (the change feed's record) runs only here, after the checks:
+--            a duplicate or stale call adds nothing, so each applied batch is in the feed once
 -- Returns {outcome, current version, next version, next batch id}: outcome is one of
 -- store.model.ApplyOutcome's values or "stale" (the mirror is not the stored version: nothing
 -- was written). For duplicate and previous_engine, the next version/batch are the log entry
 -- that followed ARGV[4], so a writer that saw the same batch can follow without reloading.
 local CMD = {
   a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX',
-  z = 'ZADD', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM',
+  z = 'ZADD', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
 }
+local ONE = {R = 'SREM', A = 'SADD'}
 
 local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
 local ver = m[4] or ''
@@ -53,9 +56,10 @@ end
 local i, k, n = 6, 3, #ARGV
 while i <= n do
   local code, count = ARGV[i], tonumber(ARGV[i + 1])
-  if code == 'R' then
+  local one = ONE[code]
+  if one then
     for j = 0, count - 1 do
-      redis.call('SREM', KEYS[k + j], ARGV[i + 2 + j])
+      redis.call(one, KEYS[k + j], ARGV[i + 2 + j])
     end
     k = k + count
     i = i + 2 + count

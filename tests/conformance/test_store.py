@@ -281,6 +281,11 @@ async def test_random_sequences_match_the_reference_model(
         expected = _hash_set(ref.entries.get(worker, set()))
         got = sorted(format_hash(h) for h in page.items) if page else []
         assert got == expected
+    views = {WorkerKey(w.pod, w.dp_rank): w for w in await store.list_workers()}
+    for worker, view in views.items():
+        holding = {s for (s, w), held in ref.residency.items() if w == worker and held}
+        assert view.sessions == len(holding)
+        assert view.blocks == len(ref.entries.get(worker, set()))
     for sid in ("s1", "s2", "s3"):
         view = await store.get_session(sid)
         want = ref.session_blocks(sid)
@@ -321,3 +326,15 @@ async def test_unconfirmed_entries_are_dropped_unless_stored_again(store: IndexS
     (worker,) = await store.list_workers()
     assert worker.unconfirmed == 0
     assert await store.drop_unconfirmed(A) == 0
+
+
+async def test_prefix_match_is_the_held_run_from_the_first_block(store: IndexStore) -> None:
+    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s")]))
+    await store.apply(A, Batch(1, 2.0, [BlocksStored([2, 5], "CPU", 0, None)]))
+    await store.apply(B, Batch(0, 1.0, [BlocksStored([2, 3], "GPU", 1, "s")]))
+    got = await store.match_prefix([1, 2, 3, 4, 5], None)
+    assert got == {A: [("GPU",), ("CPU", "GPU"), ("GPU",)], B: []}
+    only_b = await store.match_prefix([2, 3, 9], [B, WorkerKey("nobody", 0)])
+    assert only_b == {B: [("GPU",), ("GPU",)]}
+    digests = await store.match_prefix([DIGEST], [A])
+    assert digests == {A: []}

@@ -81,7 +81,8 @@ async def test_clearing_a_worker_touches_only_its_keys(
     await store.clear_worker(A)
     assert _snapshot(raw, f"{prefix}:{{pod-b/3}}:*") == before_b
     left = {k.decode().rpartition("}:")[2] for k in raw.keys(f"{prefix}:{{pod-a/0}}:*")}
-    assert left == {"meta", "vlog", "parts", "seen"}  # fence, status, sessions ever seen
+    # fence, status, sessions ever seen, and the change feed (a clear is no reset of it)
+    assert left == {"meta", "vlog", "parts", "seen", "feed"}
     await store.remove_worker(A)
     assert raw.keys(f"{prefix}:{{pod-a/0}}:*") == []
     assert _snapshot(raw, f"{prefix}:{{pod-b/3}}:*") == before_b

@@ -1,0 +1,16 @@
+-- A worker's stream health, and its change-feed record when the state or detail changed.
+-- KEYS[1]    the worker's meta hash (fields state, since, detail, lost)
+-- KEYS[2]    the worker's feed stream
+-- ARGV[1..4] state, since, detail, lost
+-- ARGV[5]    the feed stream's length bound (XADD MAXLEN ~)
+-- ARGV[6]    the record to add if (state, detail) changed (msgpack store.feed.FeedRecord)
+-- An absent state reads as "connecting" with an empty detail, as a new worker's status.
+-- Returns 1 if the record was added, else 0.
+local old = redis.call('HMGET', KEYS[1], 'state', 'detail')
+local state, detail = old[1] or 'connecting', old[2] or ''
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'detail', ARGV[3], 'lost', ARGV[4])
+if state == ARGV[1] and detail == ARGV[3] then
+  return 0
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'r', ARGV[6])
+return 1
