@@ -159,7 +159,7 @@ def test_simulate_and_serve_as_two_processes() -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    service: subprocess.Popen[str] | None = None
+    service: subprocess.Popen[bytes] | None = None
     try:
         assert simulator.stdout is not None
         line = simulator.stdout.readline()  # the simulator logs its endpoints first

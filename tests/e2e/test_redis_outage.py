@@ -1,0 +1,209 @@
+"""A Redis outage (issue 8, item 7): a real private redis-server stopped and started again
+on the same port while the fleet publishes to a real `kvsi serve` process.
+
+The server runs with the append-only file on (`--appendonly yes --appendfsync always`,
+RDB off) in its temporary directory, so the restarted server has every write it
+acknowledged before the stop, as a production Redis with persistence would. That makes the
+test the issue's case: the index must come back equal to the truth, history included,
+from the service's buffer (or replay) alone. Without persistence the server would come
+back empty: a different failure (data loss), not an outage.
+
+- The service stays up (healthz 200), says not ready and why (503 naming the index
+  store), keeps reading into its bounded inbox; when Redis returns, the buffered batches
+  apply in seq order, and the index equals the truth.
+- With a small inbox (`KVSI_INGEST_QUEUE_SIZE`), the outage overflows it: the worker shows
+  as degraded in /v1/pods ("repairing by replay") and the replay repairs it, no loss.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from simulator.fleet import SimulatedFleet
+from tests.e2e.services import (
+    Services,
+    all_live,
+    caught_up,
+    fleet_of,
+    metrics,
+    per_worker,
+    pods,
+    readiness,
+    reads_answer,
+    redis_server,
+    services,
+    store_url,
+    unique_prefix,
+    until,
+)
+from tests.e2e.truth import mismatches
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]
+
+PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
+"""AOF on, fsync per write, RDB off (`--save ""` comes first): a restart keeps the data."""
+
+FLEET = {"pods": 2, "sessions": 16, "seed": 3, "num_blocks": 512, "migrate_prob": 0.1}
+RATE = 100.0
+
+FAST_RETRY = {"KVSI_STORE_RETRY_MAX_SECONDS": "0.25"}
+"""Ingest retries the store at most 0.25 s apart (default 2 s): recovery shows sooner."""
+
+
+async def outage_reported(client: Any, fleet: SimulatedFleet, buffered: bool) -> list[str] | None:
+    """/readyz's reasons once it says the store is down (and, if `buffered`, that each
+    worker has batches buffered for it)."""
+    status, reasons = await readiness(client)
+    if status != 503 or not reasons or not reasons[0].startswith("index store unavailable"):
+        return None
+    held = [r for r in reasons if "buffered during the index store outage" in r]
+    if buffered and len(held) < len(fleet.pods):
+        return None
+    return reasons
+
+
+async def test_redis_stopped_and_restarted_buffered_batches_apply_in_order() -> None:
+    with redis_server(*PERSISTENT) as redis:
+        async with fleet_of(**FLEET) as fleet, services() as run:
+            service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=FAST_RETRY)
+            client = await run.client(service)
+            await until(lambda: all_live(client, fleet), 30, "pods live", run)
+            await fleet.run(RATE, max_batches=40)
+            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+            assert await mismatches(client, fleet) == []
+            before = {pod: fleet.publisher(pod).next_seq for pod in fleet.pods}
+
+            redis.stop()
+            during = await fleet.run(RATE, max_batches=40)
+            assert during.batches >= 40, during
+            reasons = await until(
+                lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
+            )
+            assert "ingest is buffering and retrying" in " ".join(reasons), reasons
+            assert (await client.get("/healthz")).status_code == 200
+            assert (await client.get("/v1/pods")).status_code == 503
+            assert service.running
+
+            async def all_held() -> bool:
+                # The applier holds the first outage batch (retrying it), the inbox the rest.
+                samples = await metrics(client)
+                return all(
+                    per_worker(samples, "kvsi_worker_queued", pod)
+                    == fleet.publisher(pod).next_seq - before[pod] - 1
+                    for pod in fleet.pods
+                )
+
+            await until(all_held, 20, "outage batches held in the inbox", run)
+
+            redis.start(redis.port)
+            await until(lambda: caught_up(client, fleet), 30, "caught up after the outage", run)
+            await until(lambda: reads_answer(client, fleet), 10, "reads answer again", run)
+            assert await mismatches(client, fleet) == [], "history kept, outage batches applied"
+            samples = await metrics(client)
+            for pod, found in (await pods(client)).items():
+                assert found["state"] == "live" and found["batches_lost"] == 0, found
+                published = fleet.publisher(pod).next_seq
+                # Every batch applied once; none came through replay and no seq was skipped:
+                # the held ones applied from the buffer in seq order.
+                assert (
+                    per_worker(samples, "kvsi_batches_total", pod, outcome="applied") == published
+                )
+                assert per_worker(samples, "kvsi_batches_replayed_total", pod) == 0
+                assert per_worker(samples, "kvsi_seq_gaps_total", pod) == 0
+                assert per_worker(samples, "kvsi_queue_overflow_total", pod) == 0
+            assert samples[("kvsi_store_available", ())] == 1
+            assert samples[("kvsi_store_errors_total", (("operation", "apply"),))] > 0
+            await until(lambda: ready(client), 10, "ready again", run)
+            assert service.stop() == 0, service.tail()
+
+
+async def ready(client: Any) -> bool:
+    return await readiness(client) == (200, [])
+
+
+def pods_blocking(url: str) -> dict[str, dict[str, Any]]:
+    """GET /v1/pods without the event loop (which is held on purpose, see below)."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/pods", timeout=2) as response:
+            return {p["pod"]: p for p in json.loads(response.read())["pods"]}
+    except (urllib.error.URLError, OSError):
+        return {}
+
+
+def degraded_while_replay_waits(run: Services, url: str, fleet: SimulatedFleet) -> dict[str, Any]:
+    """Poll /v1/pods, blocking this thread, until every pod shows the overflow mark.
+
+    The fleet's replay endpoints are served by this thread's event loop: while it is held
+    here, the service's repair cannot have run, so what /v1/pods shows is the mark written
+    before the repair (subscriber/README.md), not a state that raced past it.
+    """
+    deadline = time.monotonic() + 4.0  # < KVSI_REPLAY_TIMEOUT_SECONDS: the replay just waits
+    found: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline:
+        found = pods_blocking(url)
+        if len(found) == len(fleet.pods) and all(
+            p["state"] == "degraded" and "full ingest queue" in p["state_detail"]
+            for p in found.values()
+        ):
+            return found
+        time.sleep(0.05)  # the loop is held on purpose: nothing else may run meanwhile
+    raise AssertionError(f"no degraded mark in /v1/pods: {found}\n{run.logs()}")
+
+
+async def test_an_outage_that_overflows_the_inbox_is_marked_then_repaired_by_replay() -> None:
+    with redis_server(*PERSISTENT) as redis:
+        async with fleet_of(**FLEET) as fleet, services() as run:
+            env = FAST_RETRY | {"KVSI_INGEST_QUEUE_SIZE": "8", "KVSI_REPLAY_TIMEOUT_SECONDS": "8"}
+            service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=env)
+            client = await run.client(service)
+            await until(lambda: all_live(client, fleet), 30, "pods live", run)
+            await fleet.run(RATE, max_batches=20)
+            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+
+            redis.stop()
+            await fleet.run(RATE, max_batches=60)  # far more than the 8 the inbox holds
+
+            async def overflowed() -> bool:
+                samples = await metrics(client)
+                return all(
+                    per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
+                    and per_worker(samples, "kvsi_worker_queued", pod) == 8
+                    for pod in fleet.pods
+                )
+
+            await until(overflowed, 20, "inbox overflowed", run)
+            reasons = await until(
+                lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
+            )
+            dropped = [r for r in reasons if "dropped by a full ingest queue" in r]
+            assert len(dropped) == len(fleet.pods), reasons
+            assert (await client.get("/healthz")).status_code == 200
+            assert service.running
+
+            redis.start(redis.port)
+            marked = degraded_while_replay_waits(run, service.url, fleet)
+            assert all(p["batches_lost"] == 0 for p in marked.values()), marked
+
+            await until(lambda: caught_up(client, fleet), 30, "caught up after the outage", run)
+            await until(lambda: reads_answer(client, fleet), 10, "reads answer again", run)
+            assert await mismatches(client, fleet) == []
+            await until(lambda: all_live(client, fleet), 10, "live again", run)
+            samples = await metrics(client)
+            for pod, found in (await pods(client)).items():
+                assert found["batches_lost"] == 0 and found["state_detail"] == "", found
+                published = fleet.publisher(pod).next_seq
+                assert per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
+                assert per_worker(samples, "kvsi_batches_replayed_total", pod) > 0
+                assert per_worker(samples, "kvsi_batches_lost_total", pod) == 0
+                assert per_worker(samples, "kvsi_worker_degraded", pod) == 0
+                assert (
+                    per_worker(samples, "kvsi_batches_total", pod, outcome="applied") == published
+                )
+            await until(lambda: ready(client), 10, "ready again", run)
+            assert service.stop() == 0, service.tail()
