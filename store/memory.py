@@ -19,7 +19,9 @@ from store.model import (
     BlocksStored,
     Fence,
     Hash,
+    Holders,
     Page,
+    PartKey,
     SessionOnWorker,
     SessionSummary,
     SessionView,
@@ -30,14 +32,6 @@ from store.model import (
     decide,
 )
 from store.paging import page_hashes, page_sessions
-
-PartKey = tuple[str, int]
-"""(medium, group_idx): the part of a worker's cache an entry lives in."""
-
-Holders = str | set[str] | None
-"""Who holds an entry: no session, one (the common case, kept as the bare id to spare a set
-per block), or several (a shared prefix such as a system prompt). Ids are the one string
-object of their `_Session`, so the common check is `is`."""
 
 
 class _Session:

@@ -16,6 +16,14 @@ Hash = int | bytes
 DEFAULT_MEDIUM = "GPU"
 """vLLM's medium when a release or an event leaves it unset."""
 
+PartKey = tuple[str, int]
+"""(medium, group_idx): the part of a worker's cache an entry lives in."""
+
+Holders = str | set[str] | None
+"""Who holds an entry in a writer's reverse map: no session, one (the common case, kept as
+the bare id to spare a set per block), or several (a shared prefix such as a system prompt).
+Ids are one string object per session, so the common check is `is`."""
+
 
 class WorkerKey(NamedTuple):
     """One event publisher: a pod and one of its data-parallel ranks."""

@@ -28,6 +28,8 @@ from store.model import (
     BlocksStored,
     Fence,
     Hash,
+    Holders,
+    PartKey,
     advance,
 )
 from store.redis_layout import (
@@ -52,13 +54,6 @@ from store.redis_plan import (
     Arg,
     Plan,
 )
-
-PartKey = tuple[str, int]
-"""(medium, group_idx): the part of a worker's cache an entry lives in."""
-
-Holders = str | set[str] | None
-"""Who holds an entry, as in store.memory: no session, one (its Residency's own id object, so
-the common check is `is`), or several."""
 
 _ABSENT: Final[set[str]] = set()
 """Default of `holders.get`: an object of the holder type that is never stored."""
