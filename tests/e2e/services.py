@@ -5,6 +5,9 @@ truth can be read; each service is a separate `python -m kvsi serve` process con
 its command line (and `KVSI_*` environment variables for bounds that have no flag), read
 only through its HTTP API. Every process logs to a file in a temporary directory that is
 shown when a wait fails, and is stopped by whoever started it (see `services`).
+
+Services log JSON (`KVSI_LOG_FORMAT=json`, as a deployment feeding a log shipper would); a
+test passes `KVSI_LOG_FORMAT` to choose.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class Service:
 
     def tail(self, lines: int = 40) -> str:
         """The last lines of its log, HTTP access lines left out."""
-        kept = [line for line in self.output().splitlines() if '"GET /' not in line]
+        kept = [line for line in self.output().splitlines() if "GET /" not in line]
         return f"--- {self.name} (last {lines} lines) ---\n" + "\n".join(kept[-lines:])
 
     async def serving(self, within: float = START_WITHIN) -> str:
@@ -126,7 +129,7 @@ class Services:
         args = ["serve", "--store", store, "--host", "127.0.0.1", "--port", "0", *extra]
         for pod, endpoint, replay in fleet.endpoints() if fleet is not None else []:
             args += ["--pod", f"{pod}={endpoint}", "--replay", f"{pod}={replay}"]
-        service = Service(name, args, env or {}, self.workdir)
+        service = Service(name, args, {"KVSI_LOG_FORMAT": "json"} | (env or {}), self.workdir)
         self.started.append(service)
         return service
 
