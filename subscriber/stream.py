@@ -31,6 +31,7 @@ from store.model import (
     Fence,
     StoreEvent,
     WorkerKey,
+    WorkerState,
     WorkerStatus,
     advance,
     decide,
@@ -520,7 +521,8 @@ class WorkerStream:
         oldest = self._busy_since if self._busy_since is not None else inbox.oldest_arrival()
         counters.lag_seconds = 0.0 if oldest is None else time.monotonic() - oldest
         counters.connected = bool(self.health.connected)
-        counters.degraded = self.health.degraded
+        # What /v1/pods shows: an unrepaired loss, or a repair by replay still running.
+        counters.degraded = self.health.status().state is WorkerState.DEGRADED
         return counters
 
     def readiness_reasons(self) -> list[str]:
