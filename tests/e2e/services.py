@@ -281,6 +281,17 @@ async def caught_up(client: httpx.AsyncClient, fleet: SimulatedFleet) -> bool:
     )
 
 
+async def warmed_up(
+    run: Services, service: Service, fleet: SimulatedFleet, rate: float, batches: int
+) -> httpx.AsyncClient:
+    """A client of `service` once every pod is live and `batches` ticks are applied."""
+    client = await run.client(service)
+    await until(lambda: all_live(client, fleet), 30, "pods live", run)
+    await fleet.run(rate, max_batches=batches)
+    await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+    return client
+
+
 async def readiness(client: httpx.AsyncClient) -> tuple[int, list[str]]:
     response = await client.get("/readyz")
     reasons: list[str] = response.json().get("reasons", [])

@@ -41,6 +41,7 @@ from tests.e2e.services import (
     store_url,
     unique_prefix,
     until,
+    warmed_up,
 )
 from tests.e2e.truth import mismatches
 
@@ -72,10 +73,7 @@ async def test_redis_stopped_and_restarted_buffered_batches_apply_in_order() -> 
     with redis_server(*PERSISTENT) as redis:
         async with fleet_of(**FLEET) as fleet, services() as run:
             service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=FAST_RETRY)
-            client = await run.client(service)
-            await until(lambda: all_live(client, fleet), 30, "pods live", run)
-            await fleet.run(RATE, max_batches=40)
-            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+            client = await warmed_up(run, service, fleet, RATE, 40)
             assert await mismatches(client, fleet) == []
             before = {pod: fleet.publisher(pod).next_seq for pod in fleet.pods}
 
@@ -161,10 +159,7 @@ async def test_an_outage_that_overflows_the_inbox_is_marked_then_repaired_by_rep
         async with fleet_of(**FLEET) as fleet, services() as run:
             env = FAST_RETRY | {"KVSI_INGEST_QUEUE_SIZE": "8", "KVSI_REPLAY_TIMEOUT_SECONDS": "8"}
             service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=env)
-            client = await run.client(service)
-            await until(lambda: all_live(client, fleet), 30, "pods live", run)
-            await fleet.run(RATE, max_batches=20)
-            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+            client = await warmed_up(run, service, fleet, RATE, 20)
 
             redis.stop()
             await fleet.run(RATE, max_batches=60)  # far more than the 8 the inbox holds

@@ -18,7 +18,6 @@ import pytest
 
 from simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
-    all_live,
     caught_up,
     fleet_of,
     metrics,
@@ -29,6 +28,7 @@ from tests.e2e.services import (
     store_url,
     unique_prefix,
     until,
+    warmed_up,
 )
 from tests.e2e.test_redis_outage import PERSISTENT, outage_reported
 from tests.e2e.truth import listing
@@ -92,10 +92,7 @@ async def test_idle_sessions_still_age_out_after_a_redis_outage() -> None:
     with redis_server(*PERSISTENT) as redis:
         async with fleet_of(**FLEET) as fleet, services() as run:
             service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=env)
-            client = await run.client(service)
-            await until(lambda: all_live(client, fleet), 30, "pods live", run)
-            await fleet.run(RATE, max_batches=40)
-            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+            client = await warmed_up(run, service, fleet, RATE, 40)
 
             # An outage spanning several janitor rounds, each of which fails.
             redis.stop()
@@ -142,10 +139,7 @@ async def test_reads_during_an_outage_answer_503_promptly_with_the_default_log_f
         async with fleet_of(**FLEET) as fleet, services() as run:
             env = FAST_RETRY | {"KVSI_LOG_FORMAT": "console"}  # the default of `kvsi serve`
             service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=env)
-            client = await run.client(service)
-            await until(lambda: all_live(client, fleet), 30, "pods live", run)
-            await fleet.run(RATE, max_batches=20)
-            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+            client = await warmed_up(run, service, fleet, RATE, 20)
 
             redis.stop()
             await until(lambda: outage_reported(client, fleet, False), 20, "not ready", run)
@@ -169,10 +163,7 @@ async def test_degraded_gauge_agrees_with_the_degraded_state_during_an_overflow(
     with redis_server(*PERSISTENT) as redis:
         async with fleet_of(**FLEET) as fleet, services() as run:
             service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=env)
-            client = await run.client(service)
-            await until(lambda: all_live(client, fleet), 30, "pods live", run)
-            await fleet.run(RATE, max_batches=10)
-            await until(lambda: caught_up(client, fleet), 30, "caught up", run)
+            client = await warmed_up(run, service, fleet, RATE, 10)
 
             redis.stop()
             await fleet.run(RATE, max_batches=40)
