@@ -51,6 +51,7 @@ class WorkerCounters:
     batches_lost: int = 0
     queue_overflow: int = 0
     unconfirmed_dropped: int = 0
+    index_lost: int = 0
     batches: dict[str, int] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)
     replays: dict[str, int] = field(default_factory=dict)
@@ -73,6 +74,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("restarts", "kvsi_engine_restarts", "Engine restarts detected (seq back, newer time)."),
     ("batches_lost", "kvsi_batches_lost", "Batches missed that replay could not repair."),
     ("queue_overflow", "kvsi_queue_overflow", "Live messages dropped by a full ingest queue."),
+    (
+        "index_lost",
+        "kvsi_index_lost",
+        "Times the index store was found without this worker's index (rebuilt by replay).",
+    ),
     (
         "unconfirmed_dropped",
         "kvsi_unconfirmed_dropped",

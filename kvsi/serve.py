@@ -47,6 +47,7 @@ def ingest_options(settings: Settings) -> IngestOptions:
         max_concurrent_replays=settings.max_concurrent_replays,
         unconfirmed_ttl=settings.unconfirmed_ttl_seconds,
         store_retry_max=settings.store_retry_max_seconds,
+        index_audit=settings.index_audit_seconds,
     )
 
 

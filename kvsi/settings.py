@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     worker, never over-report it). See subscriber/README.md."""
     store_retry_max_seconds: float = Field(default=2.0, gt=0)
     """Longest pause between ingest's attempts to reach an unavailable index store."""
+    index_audit_seconds: float = Field(default=5.0, gt=0)
+    """How often each stream checks that the store still holds what it stored (a Redis
+    back without its data is rebuilt by replay) and stores its worker's status again."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log threshold."""
     log_format: Literal["json", "console"] = "console"

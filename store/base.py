@@ -25,10 +25,14 @@ from store.model import (
 class IndexStore(Protocol):
     """Per-worker block entries, per-session residency, fences and worker status."""
 
-    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+    async def apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
         """Apply one batch atomically with the worker's fence (see `store.model.decide`).
 
         DUPLICATE and PREVIOUS_ENGINE change nothing. RESTARTED empties the worker first.
+        `expect`: a fence the writer saw stored; if the stored one `fell_behind` it, nothing
+        is applied and IndexLostError is raised (checked in the same atomic step).
         Cost: O(blocks in the batch), plus O(sessions holding a block) per removed block.
         """
         ...

@@ -20,6 +20,7 @@ from store.model import (
     Fence,
     Hash,
     Holders,
+    IndexLostError,
     Page,
     PartKey,
     SessionOnWorker,
@@ -30,6 +31,7 @@ from store.model import (
     WorkerView,
     advance,
     decide,
+    fell_behind,
 )
 from store.paging import page_hashes, page_sessions
 
@@ -124,11 +126,20 @@ class MemoryStore:
 
     # -- write side ---------------------------------------------------------------------
 
-    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
-        return self.apply_now(worker, batch)
+    async def apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
+        return self.apply_now(worker, batch, expect)
 
-    def apply_now(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+    def apply_now(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
         """`apply` without the coroutine, for benchmarks and the in-process fast path."""
+        if expect is not None:
+            known = self._workers.get(worker)
+            stored = None if known is None else known.fence
+            if fell_behind(stored, expect):
+                raise IndexLostError(worker, None if stored is None else stored.seq, expect)
         w = self._worker(worker)
         outcome = decide(w.fence, batch.seq, batch.ts)
         if outcome is ApplyOutcome.DUPLICATE or outcome is ApplyOutcome.PREVIOUS_ENGINE:

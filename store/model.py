@@ -113,6 +113,20 @@ def advance(fence: Fence | None, outcome: ApplyOutcome, seq: int, ts: float) -> 
     return Fence(seq=seq, epoch_ts=fence.epoch_ts, last_ts=max(ts, fence.last_ts))
 
 
+def fell_behind(stored: Fence | None, expected: Fence | None) -> bool:
+    """Whether the store's fence is behind one its writer already saw stored: data lost.
+
+    A fence only moves forward (a newer engine, or a later seq of the same one), so a stored
+    fence that is missing or older than `expected` means the store lost writes: Redis came
+    back without its data, or the worker was removed meanwhile.
+    """
+    if expected is None:
+        return False
+    if stored is None:
+        return True
+    return (stored.epoch_ts, stored.seq) < (expected.epoch_ts, expected.seq)
+
+
 class WorkerState(enum.StrEnum):
     """How far a worker's index can be trusted; only LIVE is exact."""
 
@@ -188,6 +202,23 @@ class Page(msgspec.Struct, Generic[T]):
 
 class InvalidCursorError(ValueError):
     """A cursor the store did not hand out (or from another backend)."""
+
+
+class IndexLostError(RuntimeError):
+    """The store no longer holds a worker's index as its writer last stored it.
+
+    Raised by `apply` when the stored fence `fell_behind` the one the writer expects: the
+    batch is not applied, and the writer rebuilds the worker (replay from seq 0) or marks
+    it degraded, instead of writing on top of a hole.
+    """
+
+    def __init__(self, worker: WorkerKey, stored_seq: int | None, expected: Fence) -> None:
+        where = "no fence" if stored_seq is None else f"fence seq {stored_seq}"
+        super().__init__(
+            f"worker {worker}: the store holds {where}, behind seq {expected.seq} "
+            "that was stored before"
+        )
+        self.worker = worker
 
 
 def format_hash(h: Hash) -> str:

@@ -20,10 +20,21 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError
 
 from store.feed import FeedRecord, WorkerChange
-from store.model import ApplyOutcome, Batch, WorkerKey, WorkerStatus, decide
+from store.model import (
+    ApplyOutcome,
+    Batch,
+    Fence,
+    IndexLostError,
+    WorkerKey,
+    WorkerStatus,
+    decide,
+)
 from store.redis_layout import (
     DEFAULT_PREFIX,
     WorkerKeys,
@@ -48,6 +59,11 @@ SCHEMES = {
 WRITE_ATTEMPTS = 4
 """Reload-and-retry rounds when another writer changed the worker between load and write;
 past them the worker changes faster than it can be read, which is reported as an error."""
+
+ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))
+"""A command whose pooled connection turns out closed (Redis restarted since it was last
+used) runs once more on a new one: without it, every connection pooled before an outage
+fails one read after Redis is back. A timeout is not retried (a slow Redis stays slow)."""
 
 _SKIPPED = ("duplicate", "previous_engine")
 _NO_MIRROR = "-"
@@ -137,49 +153,54 @@ class RedisStore(RedisReader):
         if split.scheme.endswith("+cluster"):
             client = RedisCluster.from_url(rest)
         else:
-            client = Redis.from_url(rest)
+            client = Redis.from_url(rest, retry=ONE_RECONNECT)
         use_hiredis_packing(client)
         return cls(client, prefix=prefix, registry_ttl=ttl, feed_length=feed_length)
 
     # -- batches ------------------------------------------------------------------------
 
-    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+    async def apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
         """One EVALSHA per batch in the steady state (see the module docstring).
 
         A writer without a mirror first asks with a write-less call: a replica that trails
         another on the same stream only ever sees duplicates and never loads a mirror.
         A connection error mid-call drops the mirror (whether the write landed is unknown;
-        the next call reloads it from Redis). Cost: O(blocks in the batch) in Python; in
-        Redis, one variadic write per touched session set, one per session holding a
-        removed block, and a few per batch.
+        the next call reloads it from Redis), and so does a lost index (`expect`).
+        Cost: O(blocks in the batch) in Python; in Redis, one variadic write per touched
+        session set, one per session holding a removed block, and a few per batch.
         """
         w = self._writer(worker)
+        guard = "" if expect is None else f"{expect.seq} {expect.epoch_ts!r}"
         async with w.lock:
             load = False
             for _ in range(WRITE_ATTEMPTS):
                 if w.mirror is None and not load:
-                    reply = await self._eval(Plan(w.keys), batch, _NO_MIRROR, "")
+                    reply = await self._eval(Plan(w.keys), batch, _NO_MIRROR, "", guard)
                     if reply.outcome != "stale":
-                        return ApplyOutcome(reply.outcome)
+                        return self._outcome(w, reply, expect)
                     load = True
                     continue
                 if w.mirror is None:
                     w.mirror = await self._load(w)
-                outcome = await self._apply_with(w, w.mirror, batch)
+                outcome = await self._apply_with(w, w.mirror, batch, guard, expect)
                 if outcome is not None:
                     return outcome
                 load = True
         raise RuntimeError(f"worker {worker}: changed by another writer on every attempt")
 
-    async def _apply_with(self, w: _Writer, mirror: Mirror, batch: Batch) -> ApplyOutcome | None:
+    async def _apply_with(
+        self, w: _Writer, mirror: Mirror, batch: Batch, guard: str, expect: Fence | None
+    ) -> ApplyOutcome | None:
         """Apply through `mirror`; None if it was stale (then dropped: the caller reloads)."""
         predicted = decide(mirror.fence, batch.seq, batch.ts)
         if predicted.value in _SKIPPED:
-            reply = await self._eval(Plan(w.keys), batch, mirror.ver, "")
+            reply = await self._eval(Plan(w.keys), batch, mirror.ver, "", guard)
             if reply.outcome == "stale":
                 w.mirror = None
                 return None
-            return ApplyOutcome(reply.outcome)
+            return self._outcome(w, reply, expect)
         if not mirror.registered:
             await self._register(w.worker)
             mirror.registered = True
@@ -187,7 +208,7 @@ class RedisStore(RedisReader):
         before = mirror.ver
         try:
             plan = mirror.apply(batch, predicted, token, time.time())
-            reply = await self._eval(plan, batch, before, predicted.value)
+            reply = await self._eval(plan, batch, before, predicted.value, guard)
         except BaseException:
             # The write may or may not have landed; only Redis knows: reload on next use.
             w.mirror = None
@@ -201,15 +222,28 @@ class RedisStore(RedisReader):
             mirror.ver = reply.next_ver
             return predicted if reply.next_ver == token else ApplyOutcome(reply.outcome)
         w.mirror = None
-        return None if reply.outcome == "stale" else ApplyOutcome(reply.outcome)
+        return None if reply.outcome == "stale" else self._outcome(w, reply, expect)
 
-    async def _eval(self, plan: Plan, batch: Batch | None, expected: str, predicted: str) -> _Reply:
-        """Run apply.lua: in batch mode with the fence rule, else (`batch` None) op mode."""
+    @staticmethod
+    def _outcome(w: _Writer, reply: _Reply, expect: Fence | None) -> ApplyOutcome:
+        """apply.lua's outcome; "lost" raises IndexLostError (and drops the mirror)."""
+        if reply.outcome != "lost":
+            return ApplyOutcome(reply.outcome)
+        w.mirror = None
+        assert expect is not None  # apply.lua answers "lost" only to a guarded call
+        stored = int(reply.next_ver) if reply.next_ver else None
+        raise IndexLostError(w.worker, stored, expect)
+
+    async def _eval(
+        self, plan: Plan, batch: Batch | None, expected: str, predicted: str, guard: str = ""
+    ) -> _Reply:
+        """Run apply.lua: in batch mode with the fence rule (and `guard`, a fence expected
+        stored), else (`batch` None) op mode."""
         head: list[Arg]
         if batch is None:
-            head = ["op", "", "", expected, "applied"]
+            head = ["op", "", "", expected, "applied", ""]
         else:
-            head = ["batch", batch.seq, batch.ts, expected, predicted]
+            head = ["batch", batch.seq, batch.ts, expected, predicted, guard]
         raw = await self._apply_call(plan.keys, head + plan.ops)
         return _Reply(raw[0].decode(), raw[2].decode(), raw[3].decode())
 

@@ -4,6 +4,8 @@ Imports the store contract and metrics; never zmq or the API. Any exception from
 counts as "unavailable" (a Redis outage surfaces as ConnectionError or TimeoutError): the
 calling stream waits here, its inbox keeps buffering (bounded; an overflow becomes a gap
 that replay repairs), /readyz says why, and the call is retried until the store answers.
+IndexLostError is the exception: the store answered that it lost the worker's index, which
+the stream repairs, so it goes straight back to the stream.
 Retrying a write that may have landed is harmless: applies are fenced by seq, status and
 flag writes are idempotent.
 """
@@ -19,7 +21,7 @@ import structlog
 
 from kvsi import metrics
 from store.base import IndexStore
-from store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerStatus
+from store.model import ApplyOutcome, Batch, Fence, IndexLostError, WorkerKey, WorkerStatus
 
 log = structlog.get_logger(__name__)
 
@@ -55,12 +57,16 @@ class StoreGate:
             f"({self._error}); ingest is buffering and retrying"
         ]
 
-    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+    async def apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
         """`IndexStore.apply`, retried until it lands (written out: it is the hot path)."""
         try:
-            outcome = await self.store.apply(worker, batch)
+            outcome = await self.store.apply(worker, batch, expect)
+        except IndexLostError:
+            raise
         except Exception as exc:  # any failure means unavailable; see the module docstring
-            return await self._retry("apply", exc, lambda: self.store.apply(worker, batch))
+            return await self._retry("apply", exc, lambda: self.store.apply(worker, batch, expect))
         if self.down_since is not None:
             self._recovered()
         return outcome
@@ -107,6 +113,9 @@ class StoreGate:
             pause = min(pause * 2, self._retry_max)
             try:
                 result = await call()
+            except IndexLostError:
+                self._recovered()
+                raise
             except Exception as again:  # still unavailable
                 exc = again
                 continue

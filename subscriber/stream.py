@@ -29,12 +29,14 @@ from store.model import (
     BlocksRemoved,
     BlocksStored,
     Fence,
+    IndexLostError,
     StoreEvent,
     WorkerKey,
     WorkerState,
     WorkerStatus,
     advance,
     decide,
+    fell_behind,
 )
 from subscriber.decode import Decoded, ingest_decoder
 from subscriber.drops import DropReason
@@ -49,6 +51,9 @@ log = structlog.get_logger(__name__)
 DROP_LOG_SECONDS = 10.0
 """At most one log line per drop reason per stream in this time (with the running count):
 a publisher sending garbage must not flood the logs; the counters still count every drop."""
+
+LOST_INDEX = "the index store lost this worker's index"
+"""How a worker's state detail starts while (or after) rebuilding from replay."""
 
 YIELD_EVERY = 64
 """Messages applied back to back before the applier yields: draining a full inbox into the
@@ -78,6 +83,7 @@ class IngestOptions:
     max_concurrent_replays: int = 4
     unconfirmed_ttl: float = 300.0
     store_retry_max: float = 2.0
+    index_audit: float = 5.0
 
 
 class _Mode(enum.Enum):
@@ -116,6 +122,12 @@ class WorkerStream:
         """The worker this stream feeds; its rank is the spec's until a batch names one."""
         self._decoder = ingest_decoder()
         self._fence: Fence | None = None
+        self._stored: Fence | None = None
+        """The last fence this stream saw stored: a store whose fence falls behind it lost
+        the worker's index (Redis back without its data, or the worker removed)."""
+        self._rebuild_from: int | None = None
+        """While rebuilding a lost index: the last seq the lost index held."""
+        self._audit_due = False
         self._applied_any = False
         self._forget: WorkerKey | None = None
         self.inbox = Inbox(self._options.queue_size)
@@ -158,12 +170,13 @@ class WorkerStream:
             asyncio.create_task(self._receive(sock), name=f"receive:{self.spec.pod}"),
             asyncio.create_task(self._watch_connection(monitor), name=f"monitor:{self.spec.pod}"),
             asyncio.create_task(self._write_status(), name=f"status:{self.spec.pod}"),
+            asyncio.create_task(self._audit_clock(), name=f"audit:{self.spec.pod}"),
         ]
         sock.connect(self.spec.endpoint)
         self._log.info("stream.connect", endpoint=self.spec.endpoint)
         try:
             # Where a restarted sidecar resumes; the receiver buffers while the store answers.
-            self._fence = await self._gate.fence(self.worker)
+            self._fence = self._stored = await self._gate.fence(self.worker)
             await self._apply_forever()
         finally:
             for task in tasks:
@@ -186,6 +199,8 @@ class WorkerStream:
         health = self.health
         since_yield = 0
         while True:
+            if self._audit_due:
+                await self._audit()
             if self._resync:
                 await self._catch_up("publisher connected")
             if health.stale_deadline is not None and health.stale_deadline <= time.monotonic():
@@ -231,6 +246,27 @@ class WorkerStream:
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.health.connect(False)
                 self._log.warning("stream.disconnected", endpoint=self.spec.endpoint)
+
+    async def _audit_clock(self) -> None:
+        """Every `index_audit` seconds, ask the applier to check the store (see `_audit`)."""
+        while True:
+            await asyncio.sleep(self._options.index_audit)
+            self._audit_due = True
+            self.inbox.wake()
+
+    async def _audit(self) -> None:
+        """Whether the store still holds what this stream stored; status written again.
+
+        An idle engine sends nothing that would reveal a store that came back empty, so the
+        applier looks: a fence behind the one seen stored is a lost index, rebuilt now; the
+        status is stored again in any case (a status lost with the data lists the worker).
+        """
+        self._audit_due = False
+        stored = await self._gate.fence(self.worker)
+        if fell_behind(stored, self._stored):
+            where = "no fence" if stored is None else f"fence seq {stored.seq}"
+            await self._index_lost(f"the store holds {where}, behind what it held before")
+        self.health.changed.set()
 
     async def _write_status(self) -> None:
         """The one writer of this stream's worker status: the latest state always wins."""
@@ -305,12 +341,17 @@ class WorkerStream:
     ) -> bool:
         batch = Batch(seq, decoded.ts, decoded.events)
         started = time.perf_counter()
-        stored = await self._gate.apply(self.worker, batch)
+        try:
+            stored = await self._gate.apply(self.worker, batch, self._stored)
+        except IndexLostError as exc:
+            await self._index_lost(str(exc))
+            return mode is not _Mode.REPLAY  # a replay stops; the rebuild replays from 0
         metrics.APPLY_SECONDS.observe(time.perf_counter() - started)
         counters = self.counters
         counters.batches[stored] = counters.batches.get(stored, 0) + 1
         counters.block_events += _block_events(batch)
         self._fence = advance(self._fence, outcome, seq, decoded.ts)
+        await self._track_stored(stored, seq, decoded.ts)
         self._applied_any = True
         if mode is _Mode.REPLAY:
             counters.batches_replayed += 1
@@ -322,6 +363,18 @@ class WorkerStream:
         elif self.health.degraded and _clears(batch):
             self.health.exact_again()
         return True
+
+    async def _track_stored(self, stored: ApplyOutcome, seq: int, ts: float) -> None:
+        """Move `_stored` as the store's own outcome moved its fence (a lower bound of it).
+
+        The store's outcome, not this stream's: the two fences differ after an unusable
+        batch. DUPLICATE or PREVIOUS_ENGINE: the store is ahead, the bound stays. Without a
+        bound yet (nothing was stored when the stream started), the fence is read once.
+        """
+        if self._stored is None:
+            self._stored = await self._gate.fence(self.worker)
+        elif stored is ApplyOutcome.APPLIED or stored is ApplyOutcome.RESTARTED:
+            self._stored = advance(self._stored, stored, seq, ts)
 
     async def _gap(
         self, seq: int, decoded: Decoded[StoreEvent], expected: int, mode: _Mode
@@ -339,7 +392,10 @@ class WorkerStream:
             if mode is _Mode.REPLAY
             else self._repair_failure or "replay did not return them"
         )
-        await self._lose(missed, f"seqs {expected}..{seq - 1} lost: {why}", flag_entries=True)
+        detail = f"seqs {expected}..{seq - 1} lost: {why}"
+        if self._rebuild_from is not None:
+            detail = f"{LOST_INDEX}; {detail}"
+        await self._lose(missed, detail, flag_entries=True)
         return await self._apply(seq, decoded, ApplyOutcome.APPLIED, mode)
 
     async def _restart_gap(self, seq: int, decoded: Decoded[StoreEvent], mode: _Mode) -> bool:
@@ -402,6 +458,7 @@ class WorkerStream:
         self._repair_failure = None
         if self._replay is None:
             self._repair_failure = "no replay endpoint is configured"
+            await self._rebuilt(None)
             self.health.repairing(None)
             return
         if self.health.repairing_detail is not None:
@@ -412,7 +469,12 @@ class WorkerStream:
         start = 0 if fence is None else fence.seq
         self._log.info("stream.catch_up", why=why, start=start)
         self._restart_seen = False
+        losses = self.counters.index_lost
         report = await self._fetch(start)
+        if self.counters.index_lost != losses:
+            return  # the store lost the index meanwhile: the next round rebuilds from seq 0
+        if start == 0:
+            await self._rebuilt(report)
         if report is not None and start > 0 and (self._restart_seen or report.batches == 0):
             self._log.warning("stream.engine_replaced", last_applied=start)
             again = await self._fetch(0)
@@ -421,6 +483,37 @@ class WorkerStream:
                 await self._gate.clear_worker(self.worker)
                 self.health.exact_again()
         self.health.repairing(None)
+
+    async def _index_lost(self, detail: str) -> None:
+        """The store lost this worker's index: forget the fence, rebuild by replay from seq 0.
+
+        DEGRADED (repairing) until the replay from seq 0 is applied; if the publisher's
+        buffer no longer reaches seq 0, or there is no replay, the missing seqs are lost for
+        good and shown as such: the worker under-reports, never silently.
+        """
+        held = -1 if self._fence is None else self._fence.seq
+        self._rebuild_from = max(held, -1 if self._rebuild_from is None else self._rebuild_from)
+        self._fence = self._stored = None
+        self.counters.index_lost += 1
+        self._log.error("stream.index_lost", error=detail, last_seq=held)
+        self.health.repairing(f"{LOST_INDEX} ({detail}); rebuilding it by replay from seq 0")
+        self._resync = True
+        self.inbox.wake()
+
+    async def _rebuilt(self, report: ReplayReport | None) -> None:
+        """After the replay from seq 0 that rebuilds a lost index: loss shown if it failed.
+
+        A replay that starts after seq 0 was shown by `_gap`; one that returns nothing means
+        a publisher without history (a new engine): it holds nothing, and neither do we.
+        """
+        held, self._rebuild_from = self._rebuild_from, None
+        if held is None or report is not None or held < 0:
+            return
+        await self._lose(
+            held + 1,
+            f"{LOST_INDEX}; seqs 0..{held} not rebuilt: {self._repair_failure}",
+            flag_entries=False,
+        )
 
     async def _fetch(self, start: int) -> ReplayReport | None:
         assert self._replay is not None
@@ -478,7 +571,7 @@ class WorkerStream:
         self.worker = WorkerKey(self.spec.pod, rank)
         self.counters.worker = str(self.worker)
         self._log = log.bind(pod=self.spec.pod, worker=str(self.worker), dp_rank=rank)
-        self._fence = await self._gate.fence(self.worker)
+        self._fence = self._stored = await self._gate.fence(self.worker)
         self._forget = assumed
         self.health.changed.set()
         self._log.info("stream.worker_rank", assumed=str(assumed))

@@ -7,13 +7,17 @@
 -- ARGV[3]    the batch's ts ("" for op)
 -- ARGV[4]    version the writer's mirror reflects ("" = never written, "-" = no mirror)
 -- ARGV[5]    outcome the writer predicted from its mirror ("applied" for op)
--- ARGV[6..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
+-- ARGV[6]    "<seq> <epoch>" of a fence the writer saw stored, or "": a stored fence that
+--            is missing or older (store.model.fell_behind) means the store lost data, and
+--            the call returns "lost" with the stored seq, writing nothing
+-- ARGV[7..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
 --            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R/A
 --            (SREM/SADD of one member per key) the next `count` keys and `count` args, one
 --            each. An XADD op (the change feed's record) runs only here, after the checks:
 --            a duplicate or stale call adds nothing, so each applied batch is in the feed once
 -- Returns {outcome, current version, next version, next batch id}: outcome is one of
--- store.model.ApplyOutcome's values or "stale" (the mirror is not the stored version: nothing
+-- store.model.ApplyOutcome's values, "lost" (then the third item is the stored seq, or
+-- ""), or "stale" (the mirror is not the stored version: nothing
 -- was written). For duplicate and previous_engine, the next version/batch are the log entry
 -- that followed ARGV[4], so a writer that saw the same batch can follow without reloading.
 local CMD = {
@@ -24,6 +28,17 @@ local ONE = {R = 'SREM', A = 'SADD'}
 
 local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
 local ver = m[4] or ''
+if ARGV[6] ~= '' then
+  local eseq, eepoch = string.match(ARGV[6], '^(%S+) (%S+)$')
+  eseq, eepoch = tonumber(eseq), tonumber(eepoch)
+  if not m[1] then
+    return {'lost', ver, '', ''}
+  end
+  local sepoch = tonumber(m[2])
+  if sepoch < eepoch or (sepoch == eepoch and tonumber(m[1]) < eseq) then
+    return {'lost', ver, m[1], ''}
+  end
+end
 local outcome = 'applied'
 if ARGV[1] == 'batch' and m[1] then
   local seq, ts = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -53,7 +68,7 @@ if ver ~= ARGV[4] or outcome ~= ARGV[5] then
   return {'stale', ver, '', ''}
 end
 
-local i, k, n = 6, 3, #ARGV
+local i, k, n = 7, 3, #ARGV
 while i <= n do
   local code, count = ARGV[i], tonumber(ARGV[i + 1])
   local one = ONE[code]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,9 @@ from store.model import (
     Batch,
     BlocksRemoved,
     BlocksStored,
+    Fence,
     Hash,
+    IndexLostError,
     StoreEvent,
     WorkerKey,
     WorkerState,
@@ -179,6 +182,35 @@ async def test_old_seq_changes_nothing_and_restart_empties_worker(store: IndexSt
     assert s is not None and s.total_blocks == 0
     fence = await store.fence(A)
     assert fence is not None and (fence.seq, fence.epoch_ts) == (0, 200.0)
+
+
+async def test_a_fence_behind_the_expected_one_is_a_lost_index(store: IndexStore) -> None:
+    first = Batch(4, 100.0, [BlocksStored([1], "GPU", 0, "s")])
+    assert await store.apply(A, first) is ApplyOutcome.APPLIED
+    seen = await store.fence(A)
+    assert seen is not None
+    assert await store.apply(A, Batch(5, 101.0, [BlocksStored([2], "GPU", 0, "s")]), seen) is (
+        ApplyOutcome.APPLIED
+    )
+    # A duplicate or a newer engine behind the expected fence is fine: the store is ahead.
+    assert await store.apply(A, first, seen) is ApplyOutcome.DUPLICATE
+    restarted = Batch(0, 200.0, [BlocksStored([9], "GPU", 0, "t")])
+    assert await store.apply(A, restarted, seen) is ApplyOutcome.RESTARTED
+    newer = await store.fence(A)
+    assert newer is not None
+    # Behind: same engine, older seq; or an older engine; or no fence at all.
+    for expected in (Fence(1, 200.0, 200.0), Fence(0, 300.0, 300.0)):
+        with pytest.raises(IndexLostError, match="pod-a/0"):
+            await store.apply(A, Batch(1, 200.5, [BlocksRemoved([9])]), expected)
+    await store.remove_worker(A)
+    with pytest.raises(IndexLostError, match="no fence"):
+        await store.apply(A, Batch(1, 200.5, [BlocksRemoved([9])]), newer)
+    assert await store.list_workers() == []  # nothing was written by the refused batches
+    assert await store.apply(A, Batch(1, 200.5, [BlocksStored([3], "GPU", 0, "t")])) is (
+        ApplyOutcome.APPLIED
+    )
+    view = await store.get_session("t")
+    assert view is not None and view.total_blocks == 1
 
 
 async def test_sessions_listed_most_recent_first_with_cursor(store: IndexStore) -> None:

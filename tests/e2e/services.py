@@ -309,16 +309,6 @@ async def burst(client: httpx.AsyncClient, fleet: SimulatedFleet, n: int = 16) -
     return [f"{r.status_code} {r.text[:120]}" for r in responses if r.status_code != 200]
 
 
-async def reads_answer(client: httpx.AsyncClient, fleet: SimulatedFleet) -> bool:
-    """A burst of concurrent reads all answered 200.
-
-    After Redis returns, each connection the service pooled before the outage fails one
-    read (503) before it is replaced (a known gap, issue 8). Tests about the index wait for
-    this first, so that they check the index, not that blip.
-    """
-    return not await burst(client, fleet)
-
-
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 """/metrics as {(name, sorted labels): value}."""
 

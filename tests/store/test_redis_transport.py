@@ -94,7 +94,7 @@ async def test_an_error_reply_fails_only_its_own_call(make_store: MakeStore) -> 
     meta = store.worker_keys(WORKERS[0]).meta
     await store._client.set(meta, "not a hash")  # HMGET on it: WRONGTYPE, for that call only
     good = [store.worker_keys(w).meta for w in WORKERS[1:3]]
-    args = ["op", "", "", "", "applied"]
+    args = ["op", "", "", "", "applied", ""]
     out = await asyncio.gather(
         direct([good[0], good[0] + "x"], args),
         direct([meta, meta + "x"], args),
@@ -114,7 +114,7 @@ async def test_a_cancelled_call_does_not_shift_the_replies(make_store: MakeStore
     direct = store._direct
     assert direct is not None
     keys = [[store.worker_keys(w).meta, store.worker_keys(w).vlog] for w in WORKERS]
-    args = ["op", "", "", "", "applied"]
+    args = ["op", "", "", "", "applied", ""]
     slow = asyncio.ensure_future(direct(keys[0], args))
     fast = asyncio.ensure_future(direct(keys[1], args))
     await asyncio.sleep(0)
@@ -162,8 +162,8 @@ async def test_closing_fails_calls_in_flight(make_store: MakeStore) -> None:
     direct = store._direct
     assert isinstance(direct, DirectScript)
     keys = [store.worker_keys(WORKERS[0]).meta, store.worker_keys(WORKERS[0]).vlog]
-    await direct(keys, ["op", "", "", "", "applied"])  # connected
-    call = asyncio.ensure_future(direct(keys, ["op", "", "", "", "applied"]))
+    await direct(keys, ["op", "", "", "", "applied", ""])  # connected
+    call = asyncio.ensure_future(direct(keys, ["op", "", "", "", "applied", ""]))
     await asyncio.sleep(0)
     await direct.aclose()
     with pytest.raises(redis.exceptions.ConnectionError):

@@ -45,9 +45,11 @@ class RecordingStore:
         """Seqs of the batches the worker's applies carried, in call order."""
         return [seq for w, seq, _ in self.applied if w == worker]
 
-    async def apply(self, worker: WorkerKey, batch: Batch) -> ApplyOutcome:
+    async def apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
         self._check()
-        outcome = await self.inner.apply(worker, batch)
+        outcome = await self.inner.apply(worker, batch, expect)
         self.applied.append((worker, batch.seq, outcome))
         return outcome
 

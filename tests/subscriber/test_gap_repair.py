@@ -225,9 +225,9 @@ async def test_a_full_queue_drops_the_newest_and_replay_repairs_it(rig: RigFacto
     store = RecordingStore()
     slow = store.apply
 
-    async def slow_apply(worker: WorkerKey, batch: object) -> ApplyOutcome:
+    async def slow_apply(worker: WorkerKey, batch: object, expect: object) -> ApplyOutcome:
         await asyncio.sleep(0.003)
-        return await slow(worker, batch)  # type: ignore[arg-type]
+        return await slow(worker, batch, expect)  # type: ignore[arg-type]
 
     store.apply = slow_apply  # type: ignore[method-assign]
     r = await rig(store=store, options=replace(FAST, queue_size=4))
