@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import random
 import re
 import shutil
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -72,13 +74,12 @@ def store_at(port: int) -> RedisStore:
     return RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
 
 
-async def ingest(port: int, payloads: list[bytes], workers: int) -> tuple[float, float, float]:
-    """Decode + apply every payload as `workers` concurrent streams into an empty server.
-
-    Returns (seconds, client CPU seconds, server CPU seconds).
-    """
-    raw = redis.Redis(port=port)
-    raw.flushall()
+async def ingest_streams(
+    port: int, payloads: list[bytes], workers: range, start_at: float = 0.0
+) -> tuple[float, float, float]:
+    """Decode + apply every payload as one concurrent stream per worker index in `workers`,
+    starting at wall time `start_at` (0: now). Returns wall times at the start and the end,
+    and CPU seconds."""
     store = store_at(port)
 
     async def stream(i: int) -> None:
@@ -88,14 +89,54 @@ async def ingest(port: int, payloads: list[bytes], workers: int) -> tuple[float,
             decoded = decoder.decode(payload)
             await store.apply(worker, Batch(seq, decoded.ts, decoded.events))
 
-    server_before = _server_cpu(raw)
-    cpu = time.process_time()
-    started = time.perf_counter()
-    await asyncio.gather(*(stream(i) for i in range(workers)))
-    elapsed = time.perf_counter() - started
+    await store.fence(WorkerKey("warm-up", 0))  # connected before the clock starts
+    if start_at:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+    started, cpu = time.time(), time.process_time()
+    await asyncio.gather(*(stream(i) for i in workers))
     cpu = time.process_time() - cpu
-    server = _server_cpu(raw) - server_before
+    ended = time.time()
     await store.close()
+    return started, ended, cpu
+
+
+def _sidecar(port: int, payloads: list[bytes], workers: range, start_at: float, out: Any) -> None:
+    """One ingest process of a fleet of sidecars (multiprocessing target)."""
+    out.put(asyncio.run(ingest_streams(port, payloads, workers, start_at)))
+
+
+async def ingest(
+    port: int, payloads: list[bytes], workers: int, processes: int
+) -> tuple[float, float, float]:
+    """Decode + apply every payload as `workers` concurrent streams into an empty server,
+    spread over `processes` processes (1: this one; more: one sidecar process each, as a
+    fleet of per-pod sidecars shares one Redis).
+
+    Returns (seconds, client CPU seconds of all processes, server CPU seconds).
+    """
+    raw = redis.Redis(port=port)
+    raw.flushall()
+    server_before = _server_cpu(raw)
+    if processes == 1:
+        started, ended, cpu = await ingest_streams(port, payloads, range(workers))
+        elapsed = ended - started
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        start_at = time.time() + 3.0  # every process started and connected by then
+        shares = [range(p, workers, processes) for p in range(processes)]
+        procs = [
+            ctx.Process(target=_sidecar, args=(port, payloads, share, start_at, results))
+            for share in shares
+        ]
+        for proc in procs:
+            proc.start()
+        done = [results.get(timeout=600) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        elapsed = max(ended for _, ended, _ in done) - min(started for started, _, _ in done)
+        cpu = sum(c for _, _, c in done)
+    server = _server_cpu(raw) - server_before
     return elapsed, cpu, server
 
 
@@ -224,6 +265,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=2000, help="batches per worker")
     parser.add_argument("--workers", type=int, default=4, help="concurrent streams")
+    parser.add_argument(
+        "--processes", type=int, default=2, help="also run the streams over this many processes"
+    )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--entries", type=int, default=1_000_000)
@@ -239,7 +283,7 @@ async def run(args: argparse.Namespace) -> None:
         print(f"redis-server {version}, set-max-intset-entries {INTSET_ENTRIES}, port {port}")
         print(f"\n(1) ingest: {args.workers} concurrent worker streams, decode + apply")
         print(
-            f"{'workload':<9} {'block-events':>12} {'ingest/s':>10}"
+            f"{'workload':<11} {'block-events':>12} {'ingest/s':>10}"
             f" {'client us/batch':>15} {'redis us/batch':>14}"
         )
         rates = {}
@@ -247,16 +291,20 @@ async def run(args: argparse.Namespace) -> None:
             payloads = make(args.batches, args.seed)
             n = block_events(payloads) * args.workers
             batches = len(payloads) * args.workers
-            runs = [await ingest(port, payloads, args.workers) for _ in range(args.runs)]
-            rates[name] = statistics.median(n / elapsed for elapsed, _, _ in runs)
-            client = statistics.median(cpu for _, cpu, _ in runs) / batches * 1e6
-            server = statistics.median(srv for _, _, srv in runs) / batches * 1e6
-            print(f"{name:<9} {n:>12,} {rates[name]:>10,.0f} {client:>15.0f} {server:>14.0f}")
+            for procs in sorted({1, args.processes}):
+                runs = [await ingest(port, payloads, args.workers, procs) for _ in range(args.runs)]
+                label = f"{name} x{procs}"
+                rates[label] = statistics.median(n / elapsed for elapsed, _, _ in runs)
+                client = statistics.median(cpu for _, cpu, _ in runs) / batches * 1e6
+                server = statistics.median(srv for _, _, srv in runs) / batches * 1e6
+                print(
+                    f"{label:<11} {n:>12,} {rates[label]:>10,.0f} {client:>15.0f} {server:>14.0f}"
+                )
         sadd = sadd_baseline(port)
         print(f"redis-benchmark -P 64 -t sadd: {sadd:,.0f} requests/s")
-        for name, rate in rates.items():
-            print(f"ratio {name} ingest / sadd: {rate / sadd:.3f}  (target >= 0.25)")
-        print(f"(medians of {args.runs} runs)")
+        for label, rate in rates.items():
+            print(f"ratio {label} ingest / sadd: {rate / sadd:.3f}  (target >= 0.25)")
+        print(f"(medians of {args.runs} runs; xN: the streams spread over N processes)")
 
         entries, used, per = await memory_per_entry(port, args.entries, args.seed)
         print(f"\n(2) memory: {entries:,} resident (session, block) entries")
