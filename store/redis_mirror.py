@@ -12,6 +12,7 @@ Redis does not confirm the write, and reloads it when needed.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterable
 from typing import Final
@@ -458,8 +459,10 @@ class Mirror:
         return plan, self._unconfirmed()
 
     def drop_unconfirmed(self, token: str) -> tuple[Plan, int]:
-        """Remove the still-unconfirmed entries from the worker and their sessions."""
+        """Remove the still-unconfirmed entries from the worker and their sessions (with the
+        change-feed record of the residencies that lost blocks, as for a batch)."""
         d = _Delta()
+        self._delta = {}
         dropped = 0
         for part in self.by_pid.values():
             if part.pending:
@@ -470,8 +473,11 @@ class Mirror:
         return self._plan(d, token, "", []), dropped
 
     def clear(self, token: str) -> Plan:
-        """Drop every entry and residency; fence, parts and the seen sessions stay."""
+        """Drop every entry and residency; fence, parts and the seen sessions stay. Every
+        residency holding blocks ends in the change feed with 0 blocks."""
         d = _Delta()
+        self._delta = {}
+        self._closed = [(sid, 0, r.total, 0) for sid, r in self.res.items() if r.total]
         self._clear(d)
         return self._plan(d, token, "", [])
 
@@ -532,6 +538,11 @@ class Mirror:
                 if not res.total:
                     self.nonempty -= 1
                 d.touched[sid] = res
+                delta = self._delta.get(sid)
+                if delta is None:
+                    self._delta[sid] = [0, 1]
+                else:
+                    delta[1] += 1
 
     def _feed_in(self, plan: Plan, ts: float) -> None:
         """The batch's change-feed record, as store.memory publishes it: one row per session
@@ -619,6 +630,9 @@ class Mirror:
                 else:
                     args += (sid, encode_residency(res.t, res.counts))
             call(HSET, keys.res, args)
+        if self._delta or self._closed:
+            # A change no batch made: the worker's last engine time, as store.memory has it.
+            self._feed_in(plan, self.fence.last_ts if self.fence is not None else time.time())
         self._finish(plan, token, name, meta)
         return plan
 

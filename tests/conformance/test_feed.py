@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Literal
 
 import pytest
 
@@ -34,7 +35,9 @@ B = WorkerKey("pod-b", 1)
 DIGEST = bytes(range(32))
 DEADLINE = 10.0
 
-Op = tuple[WorkerKey, Batch | WorkerStatus]
+WorkerOp = Literal["mark", "drop", "clear"]
+"""mark_unconfirmed, drop_unconfirmed (the stale policy) and clear_worker: no batch."""
+Op = tuple[WorkerKey, Batch | WorkerStatus | WorkerOp]
 
 
 def drain(sub: Subscription) -> list[FeedEntry]:
@@ -69,8 +72,14 @@ async def run(store: IndexStore, ops: list[Op]) -> None:
     for worker, op in ops:
         if isinstance(op, Batch):
             await store.apply(worker, op)
-        else:
+        elif isinstance(op, WorkerStatus):
             await store.set_status(worker, op)
+        elif op == "mark":
+            await store.mark_unconfirmed(worker)
+        elif op == "drop":
+            await store.drop_unconfirmed(worker)
+        else:
+            await store.clear_worker(worker)
 
 
 async def check_against_memory(store: IndexStore, ops: list[Op]) -> list[FeedEntry]:
@@ -110,6 +119,13 @@ def scripted() -> list[Op]:
         (B, Batch(0, 20.0, [BlocksStored([2, 3], "GPU", 0, "s1"), BlocksStored([4])])),  # restart
         (B, Batch(1, 21.0, [BlocksRemoved([2, 4, 99]), BlocksStored([2], "GPU", 0, "s4")])),
         (B, WorkerStatus(WorkerState.DISCONNECTED, 6.0, "eof")),
+        (B, Batch(2, 22.0, [BlocksStored([5, 6], "GPU", 0, "s4"), BlocksStored([7])])),
+        (B, "mark"),
+        (B, Batch(3, 23.0, [BlocksStored([5], "GPU", 0, "s4")])),  # reconfirms 5 only
+        (B, "drop"),  # s4 loses 2 and 6; the orphans 4.. and 7 go without a row
+        (A, Batch(5, 15.0, [BlocksStored([1, 2], "GPU", 0, "s1"), BlocksStored([1], "CPU")])),
+        (A, "clear"),  # every residency with blocks ends at 0
+        (A, "clear"),  # nothing left: no record
     ]  # fmt: skip
 
 
@@ -139,6 +155,9 @@ def randomized(seed: int, batches: int = 60) -> list[Op]:
         ops.append((w, Batch(seqs[w], ts[w], events)))
         seqs[w] += 1
         ts[w] += 1
+        roll = rng.random()
+        if roll < 0.08:
+            ops.append((w, rng.choice(["mark", "mark", "drop", "clear"])))
         if rng.random() < 0.1:
             state = rng.choice(list(WorkerState))
             ops.append((w, WorkerStatus(state, ts[w], rng.choice(["", "x"]))))
