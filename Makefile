@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean deploy-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ lint: $(BIN)/.installed
 
 test: lint
 	$(BIN)/pytest
+
+# The shipping checks alone: hadolint, the image's commands from the wheel, Compose,
+# rendered Kubernetes manifests against the schemas, discovery, dashboard queries.
+deploy-check: $(BIN)/.installed
+	$(BIN)/pytest tests/deploy tests/kvsi
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/ingest_memory.py

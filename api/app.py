@@ -6,18 +6,27 @@ lifecycle (open, close), so one store can be shared with ingest in the same proc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
+import structlog
 from fastapi import Depends, FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.errors import install_error_handlers
 from api.reader import IndexReader
 from api.routes import health, metrics, pods, route, sessions, watch
 from api.routes.health import ReadinessCheck
+from kvsi.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from store.base import IndexStore
+
+log = structlog.get_logger(__name__)
+
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods labelled as themselves; any other is `OTHER`, so a scanner cannot mint series."""
 
 DESCRIPTION = """\
 Per-session index of vLLM KV-cache blocks, built from vLLM's KV events.
@@ -83,6 +92,7 @@ def create_app(
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)
     install_error_handlers(app)
+    app.add_middleware(RequestMetrics)
     # Documented in OpenAPI only where enforced, so the schema tells clients the truth.
     protected = [Depends(require_token)] if tokens else []
     unauthorized = UNAUTHORIZED if tokens else {}
@@ -99,6 +109,72 @@ def create_app(
     )
     _document_400_not_422(app)
     return app
+
+
+def create_probe_app(
+    *, readiness: ReadinessCheck | None = None, readiness_timeout: float = 2.0
+) -> FastAPI:
+    """Only /healthz, /readyz and /metrics: what an ingest-only process serves, so the
+    kubelet can probe it and Prometheus can scrape its ingest metrics."""
+    app = FastAPI(title="kv-session-index (ingest)", docs_url=None, redoc_url=None)
+    app.state.readiness = readiness
+    app.state.readiness_timeout = readiness_timeout
+    app.add_middleware(RequestMetrics)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    return app
+
+
+class RequestMetrics:
+    """Counts, times and logs every HTTP request by route template, never by raw path (one
+    series per session id would swamp Prometheus); the log line carries the session and pod
+    the path names, so a shipper can follow one session's queries."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"] if scope["method"] in METHODS else "OTHER"
+        started = time.perf_counter()
+        status = 500  # what the server answers if the app raises before responding
+        timed = False
+
+        async def timed_send(message: Message) -> None:
+            nonlocal status, timed
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                timed = True
+                HTTP_SECONDS.labels(method, _route(scope)).observe(time.perf_counter() - started)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            elapsed = time.perf_counter() - started
+            route_name = _route(scope)
+            if not timed:
+                HTTP_SECONDS.labels(method, route_name).observe(elapsed)
+            HTTP_REQUESTS.labels(method, route_name, str(status)).inc()
+            params = scope.get("path_params", {})
+            log.info(
+                "http.request",
+                method=scope["method"],
+                route=route_name,
+                path=scope["path"],
+                status=status,
+                duration_ms=round(elapsed * 1000, 3),
+                **{k: params[k] for k in ("session_id", "pod") if k in params},
+            )
+
+
+def _route(scope: Scope) -> str:
+    """The matched route's template (`/v1/sessions/{session_id}`), or `unmatched`."""
+    matched = scope.get("route")
+    path = getattr(matched, "path", None)
+    return path if isinstance(path, str) else "unmatched"
 
 
 def _document_400_not_422(app: FastAPI) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +16,12 @@ import typer
 from kvsi.logs import configure_logging
 from kvsi.settings import load_settings
 
-app = typer.Typer(help="Per-session index of vLLM KV-cache blocks.", no_args_is_help=True)
+app = typer.Typer(
+    help="Per-session index of vLLM KV-cache blocks.",
+    no_args_is_help=True,
+    # Help texts are plain: NAME[/RANK] is an option's syntax, not rich markup.
+    rich_markup_mode=None,
+)
 
 
 def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:
@@ -33,6 +39,23 @@ def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (docker stop, the kubelet) stops like Ctrl-C: streams, store and HTTP close
+    in order and the exit code is 0, instead of the process dying mid-write."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def parse_labels(flags: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` label flags as a selector (every pair must match)."""
+    labels: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--discover {flag!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
 def _split(flag: str, option: str) -> tuple[str, str]:
     name, sep, endpoint = flag.partition("=")
     if not sep or not name or not endpoint:
@@ -46,11 +69,17 @@ def _split(flag: str, option: str) -> tuple[str, str]:
 @app.command()
 def serve(
     pod: Annotated[
-        list[str] | None, typer.Option(help="Publisher as NAME[/RANK]=ENDPOINT (repeatable).")
+        list[str] | None,
+        typer.Option(
+            metavar="NAME[/RANK]=ENDPOINT", help="Publisher as NAME[/RANK]=ENDPOINT (repeatable)."
+        ),
     ] = None,
     replay: Annotated[
         list[str] | None,
-        typer.Option(help="Replay endpoint as NAME[/RANK]=ENDPOINT (repeatable)."),
+        typer.Option(
+            metavar="NAME[/RANK]=ENDPOINT",
+            help="Replay endpoint as NAME[/RANK]=ENDPOINT (repeatable).",
+        ),
     ] = None,
     topic: Annotated[str | None, typer.Option(help="ZMQ topic prefix filter.")] = None,
     store: Annotated[str | None, typer.Option(help="memory, or a Redis URL.")] = None,
@@ -59,6 +88,21 @@ def serve(
     api: Annotated[bool | None, typer.Option("--api/--no-api", help="Serve the HTTP API.")] = None,
     ingest: Annotated[
         bool | None, typer.Option("--ingest/--no-ingest", help="Subscribe to publishers.")
+    ] = None,
+    discover: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="Central mode: subscribe to the Kubernetes pods with this label, as "
+            "KEY=VALUE (repeatable; every one must match). Needs the k8s extra.",
+        ),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace --discover watches (default: the client's).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="With --no-api: serve /healthz, /readyz and /metrics on this port."),
     ] = None,
     demo: Annotated[
         bool, typer.Option(help="Also run a simulated fleet of vLLM pods in-process.")
@@ -75,11 +119,16 @@ def serve(
             "port": port,
             "api": api,
             "ingest": ingest,
+            "metrics_port": metrics_port,
         }.items()
         if v is not None
     }
     if pod:
         overrides["publishers"] = parse_pods(pod, replay or [])
+    if discover:
+        overrides["discovery"] = {"labels": parse_labels(discover)}
+    if namespace is not None:
+        overrides.setdefault("discovery", {})["namespace"] = namespace
     if demo:
         overrides["demo"] = True
     settings = load_settings(config, **overrides)
@@ -95,6 +144,7 @@ def serve(
             typer.echo(f"  API docs:  {url}/docs")
             typer.echo(f"  metrics:   {url}/metrics")
 
+    stop_on_sigterm()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_service(settings, on_ready=announce))
 
@@ -106,6 +156,9 @@ def simulate(
     rate: Annotated[float, typer.Option(help="Batches per second per pod.")] = 20.0,
     sessions: Annotated[int, typer.Option(help="Concurrent sessions per pod.")] = 50,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    host: Annotated[
+        str, typer.Option(help="Address the pods bind (0.0.0.0 to be reached from elsewhere).")
+    ] = "127.0.0.1",
     duration: Annotated[
         float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")
     ] = None,
@@ -114,6 +167,7 @@ def simulate(
     configure_logging("info", "console")
     from simulator.fleet import simulate as run_fleet
 
+    stop_on_sigterm()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(
             run_fleet(
@@ -123,6 +177,7 @@ def simulate(
                 sessions=sessions,
                 seed=seed,
                 duration=duration,
+                host=host,
             )
         )
 

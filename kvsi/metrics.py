@@ -35,6 +35,30 @@ STORE_ERRORS = Counter(
     "Ingest's failed index store calls (each retry counts), by store operation.",
     ["operation"],
 )
+HTTP_REQUESTS = Counter(
+    "kvsi_http_requests_total",
+    "HTTP requests answered, by method, route template and status code.",
+    ["method", "route", "status"],
+)
+HTTP_SECONDS = Histogram(
+    "kvsi_http_request_seconds",
+    "Time from a request's arrival to its response's first byte (the headers of an SSE "
+    "stream), by method and route template.",
+    ["method", "route"],
+    buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+DISCOVERY_PODS = Gauge(
+    "kvsi_discovery_pods", "Running vLLM pods central mode currently subscribes to."
+)
+DISCOVERY_CHANGES = Counter(
+    "kvsi_discovery_changes_total",
+    "Central mode's worker changes: streams started, stopped, workers forgotten.",
+    ["action"],
+)
+DISCOVERY_WATCH_RESTARTS = Counter(
+    "kvsi_discovery_watch_restarts_total",
+    "Kubernetes pod watches started again (after an error or an expired resource version).",
+)
 
 
 @dataclass(slots=True)
@@ -118,6 +142,7 @@ class IngestCollector(Collector):
     def __init__(self) -> None:
         self._sources: list[IngestSource] = []
         self._retired: dict[str, WorkerCounters] = {}
+        self._forgotten = WorkerCounters("")
 
     def track(self, source: IngestSource) -> None:
         self._sources.append(source)
@@ -128,6 +153,14 @@ class IngestCollector(Collector):
             counters = source.read_counters()
             kept = self._retired.setdefault(counters.worker, WorkerCounters(counters.worker))
             _add_counters(kept, counters)
+
+    def forget(self, worker: str) -> None:
+        """Drop a removed worker's series: central mode's pods come and go under new names,
+        and their series must not pile up. Its counts stay in the fleet totals, so those
+        never go back."""
+        retired = self._retired.pop(worker, None)
+        if retired is not None:
+            _add_counters(self._forgotten, retired)
 
     def workers(self) -> dict[str, WorkerCounters]:
         """Per worker: counters of live and stopped streams summed, gauges of live ones."""
@@ -143,7 +176,7 @@ class IngestCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         workers = sorted(self.workers().values(), key=lambda c: c.worker)
-        yield from _counter_families(workers)
+        yield from _counter_families(workers, self._forgotten)
         yield from _gauge_families(workers)
 
 
@@ -172,14 +205,17 @@ def _max_gauges(into: WorkerCounters, more: WorkerCounters) -> None:
     into.degraded = into.degraded or more.degraded
 
 
-def _counter_families(workers: Iterable[WorkerCounters]) -> Iterator[Metric]:
+def _counter_families(
+    workers: Iterable[WorkerCounters], forgotten: WorkerCounters
+) -> Iterator[Metric]:
+    """Per-worker counters, and fleet totals that include the forgotten workers' counts."""
     workers = list(workers)
     for attr, name, text in _COUNTERS:
         per = CounterMetricFamily(name, f"{text} Per worker.", labels=["worker"])
         total = CounterMetricFamily(name.replace("kvsi_", "kvsi_fleet_", 1), f"{text} All workers.")
         for c in workers:
             per.add_metric([c.worker], getattr(c, attr))
-        total.add_metric([], sum(getattr(c, attr) for c in workers))
+        total.add_metric([], sum(getattr(c, attr) for c in [*workers, forgotten]))
         yield per
         yield total
     for attr, name, label, text in _LABELLED:
@@ -187,7 +223,7 @@ def _counter_families(workers: Iterable[WorkerCounters]) -> Iterator[Metric]:
         total = CounterMetricFamily(
             name.replace("kvsi_", "kvsi_fleet_", 1), f"{text} All workers.", labels=[label]
         )
-        sums: dict[str, int] = {}
+        sums: dict[str, int] = dict(getattr(forgotten, attr))
         for c in workers:
             for key, n in sorted(getattr(c, attr).items()):
                 per.add_metric([c.worker, key], n)
@@ -260,6 +296,42 @@ def _gauge_families(workers: list[WorkerCounters]) -> Iterator[Metric]:
         yield family
 
 
+class IndexSizes(Collector):
+    """The index's size as the store last reported it: workers, and per worker its sessions
+    and entries. Refreshed periodically (`kvsi.serve`), not per scrape: a scrape must not
+    wait on the store."""
+
+    def __init__(self) -> None:
+        self._workers: list[tuple[str, int, int]] = []
+        self._known = False
+
+    def update(self, workers: Iterable[tuple[str, int, int]]) -> None:
+        """Replace the snapshot with (worker, sessions, entries) per worker."""
+        self._workers = sorted(workers)
+        self._known = True
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._known:
+            return
+        count = GaugeMetricFamily("kvsi_index_workers", "Workers in the index.")
+        count.add_metric([], len(self._workers))
+        sessions = GaugeMetricFamily(
+            "kvsi_index_sessions",
+            "Sessions with blocks on the worker (a session on two workers counts on each).",
+            labels=["worker"],
+        )
+        entries = GaugeMetricFamily(
+            "kvsi_index_entries", "Entries (cached blocks) of the worker.", labels=["worker"]
+        )
+        for worker, n_sessions, n_entries in self._workers:
+            sessions.add_metric([worker], n_sessions)
+            entries.add_metric([worker], n_entries)
+        yield from (count, sessions, entries)
+
+
 INGEST = IngestCollector()
 """The process's ingest metrics; streams register themselves while they run."""
 REGISTRY.register(INGEST)
+INDEX = IndexSizes()
+"""The index size gauges; `kvsi.serve` refreshes them from the store."""
+REGISTRY.register(INDEX)

@@ -12,11 +12,14 @@ from typing import Any
 
 import structlog
 import uvicorn
+from fastapi import FastAPI
 
-from api.app import create_app
+from api.app import create_app, create_probe_app
+from kvsi import metrics
 from kvsi.janitor import run_gc_freezer, run_janitor
-from kvsi.settings import Settings, bearer_tokens
+from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from store.base import IndexStore
+from store.model import WorkerKey
 from store.select import open_store
 from subscriber.pool import StreamPool
 from subscriber.stream import IngestOptions, PublisherSpec
@@ -88,8 +91,17 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     pool = StreamPool(specs, store, ingest_options(settings)) if settings.ingest else None
     if pool is not None:
         await pool.start()
+        if settings.discovery is not None:
+            tasks.append(_start_discovery(settings.discovery, settings.topic, pool))
     if fleet is not None:
         tasks.append(fleet.run_in_background(settings.demo_rate))
+    if settings.api:
+        tasks.append(
+            asyncio.create_task(
+                run_index_metrics(store, settings.index_metrics_interval_seconds),
+                name="index-metrics",
+            )
+        )
     tasks.append(
         asyncio.create_task(
             run_janitor(
@@ -106,7 +118,12 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     )
     try:
         if settings.api:
-            await _serve_http(settings, store, pool, on_ready)
+            await _serve_http(
+                _api_app(settings, store, pool), settings.host, settings.port, on_ready
+            )
+        elif settings.metrics_port is not None:
+            probes = create_probe_app(readiness=readiness_probe(store, pool))
+            await _serve_http(probes, settings.host, settings.metrics_port, _probes_ready(on_ready))
         else:
             if on_ready is not None:
                 on_ready("")
@@ -123,20 +140,56 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         await store.close()
 
 
-async def _serve_http(
-    settings: Settings,
-    store: IndexStore,
-    pool: StreamPool | None,
-    on_ready: Callable[[str], None] | None,
-) -> None:
-    app = create_app(
+def _start_discovery(config: DiscoveryConfig, topic: str, pool: StreamPool) -> asyncio.Task[None]:
+    """Central mode's discovery loop; the Kubernetes client is made here, so a missing
+    configuration stops the service at start."""
+    from kvsi.discovery import open_kube_client, run_discovery, watch_pods
+
+    source = watch_pods(open_kube_client(config), config)
+    return asyncio.create_task(run_discovery(config, pool, source, topic=topic), name="discovery")
+
+
+async def run_index_metrics(store: IndexStore, interval: float) -> None:
+    """Refresh the index size gauges every `interval` seconds until cancelled; a store outage
+    keeps the last numbers (kvsi_store_available says why they are old)."""
+    while True:
+        try:
+            workers = await store.list_workers()
+        except Exception as exc:  # an outage must not end the refresher
+            log.debug("index_metrics.skipped", error=f"{type(exc).__name__}: {exc}")
+        else:
+            metrics.INDEX.update(
+                (str(WorkerKey(w.pod, w.dp_rank)), w.sessions, w.blocks) for w in workers
+            )
+        await asyncio.sleep(interval)
+
+
+def _api_app(settings: Settings, store: IndexStore, pool: StreamPool | None) -> FastAPI:
+    return create_app(
         store,
         readiness=readiness_probe(store, pool),
         tokens=bearer_tokens(settings),
         metrics_require_token=settings.metrics_require_token,
     )
+
+
+def _probes_ready(on_ready: Callable[[str], None] | None) -> Callable[[str], None]:
+    """Log where an ingest-only process serves its probes; tell the caller it serves no API."""
+
+    def ready(url: str) -> None:
+        log.info("serve.probes", url=url, paths=["/healthz", "/readyz", "/metrics"])
+        if on_ready is not None:
+            on_ready("")
+
+    return ready
+
+
+async def _serve_http(
+    app: FastAPI, host: str, port: int, on_ready: Callable[[str], None] | None
+) -> None:
+    # Requests are logged by the app's RequestMetrics (with route, session, pod), not uvicorn.
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_config=None, lifespan="on"
+        app, host=host, port=port, log_config=None, lifespan="on", access_log=False
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(), name="http")

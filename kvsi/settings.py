@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -37,6 +37,29 @@ class PublisherConfig(BaseModel):
         if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"endpoint {value!r} must start with tcp://, ipc:// or inproc://")
         return value
+
+
+class DiscoveryConfig(BaseModel):
+    """Central mode: find vLLM pods through the Kubernetes API instead of listing publishers.
+
+    A pod's annotations `kv-session-index/events-port`, `kv-session-index/replay-port` and
+    `kv-session-index/dp-size` override the defaults below for that pod.
+    """
+
+    labels: dict[str, str] = Field(min_length=1)
+    """Label selector (every pair must match), e.g. {"app.kubernetes.io/name": "vllm"}."""
+    namespace: str | None = None
+    """Namespace to watch; None: the client's default (in a cluster, the pod's own)."""
+    events_port: int = Field(default=5557, ge=1, le=65535)
+    """Port of data-parallel rank 0's PUB socket; rank r publishes on events_port + r."""
+    replay_port: int | None = Field(default=5558, ge=1, le=65535)
+    """Port of rank 0's replay ROUTER (rank r: replay_port + r); None: no replay. vLLM
+    offsets both ports by the rank, so with data parallelism keep them dp_size apart."""
+    dp_size: int = Field(default=1, ge=1, le=256)
+    """Data-parallel ranks per pod: one worker each."""
+    grace_seconds: float = Field(default=60.0, ge=0)
+    """A worker whose pod is gone (deleted, or no longer running) keeps its index this long
+    in case the pod returns under the same name, then it is removed with all its data."""
 
 
 class Settings(BaseSettings):
@@ -70,6 +93,14 @@ class Settings(BaseSettings):
     """Also require a bearer token on /metrics (the probes always stay open)."""
     ingest: bool = True
     """Subscribe to publishers (off for an API-only replica)."""
+    discovery: DiscoveryConfig | None = None
+    """Central mode: subscribe to every vLLM pod the Kubernetes API lists (needs the `k8s`
+    extra); None: only the configured `publishers`."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """With the API off (an ingest-only sidecar), serve /healthz, /readyz and /metrics on
+    this port of `host`; None: serve no HTTP at all."""
+    index_metrics_interval_seconds: float = Field(default=15.0, gt=0)
+    """How often the index size gauges (workers, sessions, entries) are read from the store."""
     session_idle_seconds: float = Field(default=3600.0, gt=0)
     """Sessions with no resident block are forgotten after this long without a store."""
     worker_grace_seconds: float = Field(default=600.0, gt=0)
@@ -112,6 +143,12 @@ class Settings(BaseSettings):
     """Batches per second per simulated pod in the demo."""
     demo_base_port: int = Field(default=0, ge=0, le=65535)
     """First loopback port of the demo fleet (0: pick free ports)."""
+
+    @model_validator(mode="after")
+    def _discovery_needs_ingest(self) -> Settings:
+        if self.discovery is not None and not self.ingest:
+            raise ValueError("discovery (central mode) subscribes to pods: it needs ingest on")
+        return self
 
 
 def bearer_tokens(settings: Settings) -> list[str]:

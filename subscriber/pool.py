@@ -29,23 +29,47 @@ class StreamPool:
         self.gate = StoreGate(store, retry_max_seconds=options.store_retry_max)
         # One bound for the process: a fleet that reconnects at once must not flood its
         # engines (and the store) with replays.
-        replays = asyncio.Semaphore(options.max_concurrent_replays)
-        self.streams = [
-            WorkerStream(spec, self.gate, self._ctx, options=options, replay_limit=replays)
-            for spec in specs
-        ]
-        self._tasks: list[asyncio.Task[None]] = []
+        self._options = options
+        self._replays = asyncio.Semaphore(options.max_concurrent_replays)
+        self.streams = [self._stream(spec) for spec in specs]
+        self._tasks: dict[WorkerStream, asyncio.Task[None]] = {}
+
+    def _stream(self, spec: PublisherSpec) -> WorkerStream:
+        return WorkerStream(
+            spec, self.gate, self._ctx, options=self._options, replay_limit=self._replays
+        )
+
+    def _run(self, stream: WorkerStream) -> None:
+        self._tasks[stream] = asyncio.create_task(stream.run(), name=f"stream:{stream.spec.pod}")
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(s.run(), name=f"stream:{s.spec.pod}") for s in self.streams
-        ]
+        for stream in self.streams:
+            self._run(stream)
+
+    async def add(self, spec: PublisherSpec) -> None:
+        """Start a stream for one more publisher while the pool runs (central mode)."""
+        stream = self._stream(spec)
+        self.streams.append(stream)
+        self._run(stream)
+
+    async def remove(self, pod: str, dp_rank: int) -> bool:
+        """Stop the stream of the publisher configured as (pod, dp_rank); False if none.
+        Its index stays in the store: forgetting it is the caller's decision."""
+        for stream in self.streams:
+            if (stream.spec.pod, stream.spec.dp_rank) == (pod, dp_rank):
+                self.streams.remove(stream)
+                task = self._tasks.pop(stream, None)
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                return True
+        return False
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in self._tasks.values():
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks = {}
         self._ctx.term()
 
     def readiness_reasons(self) -> list[str]:

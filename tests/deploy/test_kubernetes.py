@@ -1,0 +1,292 @@
+"""deploy/: every overlay renders with kubectl kustomize, every object is valid against the
+Kubernetes schemas (kubernetes-validate), and the pieces fit: kvsi's commands and variables
+pass the real CLI, ports and selectors meet, the sidecar and the central ingest reach the
+engines' endpoints, Redis and the ZMQ ports admit only kvsi."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from functools import cache
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from kvsi.settings import Settings
+from tests.deploy.cli_check import run_kvsi, unknown_variables
+from tests.deploy.paths import DEPLOY, tool
+
+Obj = dict[str, Any]
+
+OVERLAYS = ("sidecar", "central", "external-redis")
+VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+"""The oldest Kubernetes the manifests promise (NetworkPolicy endPort, policy/v1), the newest."""
+POD_NAME = "vllm-7d9c4f-x2x8q"
+NAMESPACE = "llm"
+WORKLOADS = ("Deployment", "StatefulSet")
+
+
+@cache
+def rendered(overlay: str) -> tuple[Obj, ...]:
+    result = subprocess.run(
+        [tool("kubectl"), "kustomize", str(DEPLOY / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+def one(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def containers(objs: tuple[Obj, ...]) -> list[tuple[Obj, Obj]]:
+    """(workload, container) for every container of every workload."""
+    return [
+        (w, c)
+        for w in objs
+        if w["kind"] in WORKLOADS
+        for c in w["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+def is_kvsi(container: Obj) -> bool:
+    return str(container["image"]).startswith("kv-session-index")
+
+
+def config_map(objs: tuple[Obj, ...]) -> dict[str, str]:
+    (found,) = [
+        o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("kvsi")
+    ]
+    data: dict[str, str] = found["data"]
+    return data
+
+
+def environment(objs: tuple[Obj, ...], container: Obj) -> dict[str, str]:
+    """The container's variables as the kubelet sets them (downward API: a sample pod)."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env |= config_map(objs) if "configMapRef" in source else {}
+    fields = {"metadata.name": POD_NAME, "metadata.namespace": NAMESPACE}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def expanded(args: list[str], env: dict[str, str]) -> list[str]:
+    """$(VAR) references as the kubelet expands them; an undefined one fails the test."""
+
+    def value(match: re.Match[str]) -> str:
+        assert match.group(1) in env, f"$({match.group(1)}) is not defined"
+        return env[match.group(1)]
+
+    return [re.sub(r"\$\((\w+)\)", value, arg) for arg in args]
+
+
+def kvsi_settings(
+    overlay: str, workload: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Settings, Obj]:
+    objs = rendered(overlay)
+    (container,) = [
+        c for w, c in containers(objs) if w["metadata"]["name"] == workload and is_kvsi(c)
+    ]
+    env = environment(objs, container)
+    kvsi_env = {k: v for k, v in env.items() if k.startswith("KVSI_")}
+    parsed = run_kvsi(expanded(container["args"], env), kvsi_env, monkeypatch)
+    assert parsed.settings is not None
+    return parsed.settings, container
+
+
+def events_config(objs: tuple[Obj, ...]) -> Obj:
+    (vllm,) = [c for w, c in containers(objs) if c["name"] == "vllm"]
+    config: Obj = json.loads(environment(objs, vllm)["KV_EVENTS_CONFIG"])
+    return config
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_is_valid_against_the_kubernetes_schemas(overlay: str) -> None:
+    objs, checked = rendered(overlay), 0
+    for obj in objs:
+        if obj["kind"] == "ServiceMonitor":
+            # A Prometheus Operator CRD: kubernetes-validate ships only the built-in kinds'
+            # schemas. test_the_service_monitor_scrapes_every_kvsi_process checks it.
+            continue
+        for version in VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+        checked += 1
+    assert checked == len(objs) - 1, "every object but the ServiceMonitor"
+
+
+def test_a_broken_manifest_is_rejected_by_the_schema_check() -> None:
+    api = dict(one(rendered("sidecar"), "Deployment", "kvsi-api"))
+    api["spec"] = dict(api["spec"], replica=3)  # a typo strict validation must catch
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(api, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_probes_resources_and_known_kvsi_variables(overlay: str) -> None:
+    objs = rendered(overlay)
+    assert unknown_variables(list(config_map(objs))) == []
+    for workload, container in containers(objs):
+        where = f"{workload['metadata']['name']}/{container['name']}"
+        resources = container["resources"]
+        assert resources["requests"]["cpu"] and resources["limits"]["memory"], where
+        assert "livenessProbe" in container, where
+        if container["name"] != "kvsi-ingest":  # see the sidecar patch for why not
+            assert "readinessProbe" in container, where
+        names = {p["name"] for p in container.get("ports", [])}
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            port = container.get(probe, {}).get("httpGet", {}).get("port")
+            assert port is None or port in names, f"{where}: {probe} port {port}"
+        assert unknown_variables([v["name"] for v in container.get("env", [])]) == [], where
+        if is_kvsi(container):
+            security = container.get("securityContext", {}) | workload["spec"]["template"][
+                "spec"
+            ].get("securityContext", {})
+            assert security["runAsNonRoot"] is True and security["runAsUser"] == 10001, where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_and_the_pdb_select_pods_and_name_their_ports(overlay: str) -> None:
+    objs = rendered(overlay)
+    pods = [
+        (w["spec"]["template"]["metadata"]["labels"], w) for w in objs if w["kind"] in WORKLOADS
+    ]
+    for service in (o for o in objs if o["kind"] == "Service"):
+        matched = [w for labels, w in pods if selects(service["spec"]["selector"], labels)]
+        assert matched, f"service {service['metadata']['name']} selects no pod"
+        ports = {
+            p["name"]
+            for w in matched
+            for c in w["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports, (service["metadata"]["name"], port)
+    pdb = one(objs, "PodDisruptionBudget", "kvsi-api")
+    api = one(objs, "Deployment", "kvsi-api")
+    assert selects(
+        pdb["spec"]["selector"]["matchLabels"], api["spec"]["template"]["metadata"]["labels"]
+    )
+    assert api["spec"]["replicas"] >= 2 and pdb["spec"]["maxUnavailable"] < api["spec"]["replicas"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_monitor_scrapes_every_kvsi_process(overlay: str) -> None:
+    objs = rendered(overlay)
+    monitor = one(objs, "ServiceMonitor", "kv-session-index")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    endpoints = {e["port"]: e["path"] for e in monitor["spec"]["endpoints"]}
+    assert set(endpoints.values()) == {"/metrics"}
+    scraped = {
+        s["metadata"]["name"]
+        for s in objs
+        if s["kind"] == "Service"
+        and selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        and {p["name"] for p in s["spec"]["ports"]} & set(endpoints)
+    }
+    ingest = {"sidecar": "vllm-kvsi-metrics", "central": "kvsi-central-metrics"}
+    mode = "central" if overlay == "central" else "sidecar"
+    assert scraped == {"kvsi-api", ingest[mode]}
+
+
+def test_the_api_replicas_read_the_shared_index_and_ingest_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings, _ = kvsi_settings("sidecar", "kvsi-api", monkeypatch)
+    assert settings.api and not settings.ingest and settings.port == 8000
+    assert settings.host == "0.0.0.0" and settings.log_format == "json"
+    assert settings.store == "redis://kvsi-redis:6379/0?prefix=kvsi"
+
+
+def test_the_sidecar_subscribes_to_its_own_pods_engine_over_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objs = rendered("sidecar")
+    settings, container = kvsi_settings("sidecar", "vllm", monkeypatch)
+    assert not settings.api and settings.ingest and settings.metrics_port == 9090
+    events = events_config(objs)
+    assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
+    assert events["endpoint"].startswith("tcp://127.0.0.1:"), "ZMQ stays inside the pod"
+    (publisher,) = settings.publishers
+    assert publisher.pod == POD_NAME, "the worker is named after the pod (downward API)"
+    assert publisher.endpoint == f"tcp://127.0.0.1:{port_of(events['endpoint'])}"
+    assert publisher.replay_endpoint == f"tcp://127.0.0.1:{port_of(events['replay_endpoint'])}"
+    assert events["topic"].startswith(settings.topic)
+    vllm = one(objs, "Deployment", "vllm")["spec"]["template"]
+    assert vllm["metadata"]["labels"]["kv-session-index/redis-client"] == "true"
+    assert {p["containerPort"] for p in container["ports"]} == {9090}
+
+
+def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objs = rendered("central")
+    settings, _ = kvsi_settings("central", "kvsi-central", monkeypatch)
+    discovery = settings.discovery
+    assert discovery is not None and not settings.api and settings.metrics_port == 9090
+    vllm = one(objs, "Deployment", "vllm")["spec"]["template"]
+    assert selects(discovery.labels, vllm["metadata"]["labels"])
+    assert discovery.namespace == NAMESPACE
+    events = events_config(objs)
+    assert events["endpoint"] == f"tcp://*:{discovery.events_port}", "reachable on the pod IP"
+    assert events["replay_endpoint"] == f"tcp://*:{discovery.replay_port}"
+    annotations = vllm["metadata"]["annotations"]
+    assert int(annotations["kv-session-index/events-port"]) == discovery.events_port
+    assert int(annotations["kv-session-index/replay-port"]) == discovery.replay_port
+
+    central = one(objs, "Deployment", "kvsi-central")["spec"]["template"]
+    account = central["spec"]["serviceAccountName"]
+    binding = one(objs, "RoleBinding", "kvsi-discovery")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
+    role = one(objs, "Role", binding["roleRef"]["name"])
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+
+    policy = one(objs, "NetworkPolicy", "vllm")
+    zmq_rule = [r for r in policy["spec"]["ingress"] if any(p["port"] == 5557 for p in r["ports"])]
+    (rule,) = zmq_rule
+    (source,) = rule["from"]
+    assert selects(source["podSelector"]["matchLabels"], central["metadata"]["labels"])
+    for port in (discovery.events_port, discovery.replay_port):
+        assert any(p["port"] <= port <= p.get("endPort", p["port"]) for p in rule["ports"])
+
+
+@pytest.mark.parametrize("overlay", ["sidecar", "central"])
+def test_only_kvsi_pods_reach_the_development_redis(overlay: str) -> None:
+    objs = rendered(overlay)
+    policy = one(objs, "NetworkPolicy", "kvsi-redis")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    allowed = rule["from"][0]["podSelector"]["matchLabels"]
+    for workload, container in containers(objs):
+        if is_kvsi(container):
+            labels = workload["spec"]["template"]["metadata"]["labels"]
+            assert selects(allowed, labels), workload["metadata"]["name"]
+
+
+def test_the_external_redis_overlay_drops_the_development_redis() -> None:
+    objs = rendered("external-redis")
+    assert not [o for o in objs if "redis" in o["metadata"]["name"] and o["kind"] != "ConfigMap"]
+    assert config_map(objs)["KVSI_STORE"].startswith("redis+cluster://")
