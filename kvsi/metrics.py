@@ -246,7 +246,9 @@ def _gauge_families(workers: list[WorkerCounters]) -> Iterator[Metric]:
         "kvsi_worker_lag_seconds", "Age of the oldest batch not yet applied.", labels=["worker"]
     )
     queued = GaugeMetricFamily(
-        "kvsi_worker_queued", "Live messages waiting in the ingest queue.", labels=["worker"]
+        "kvsi_worker_queued",
+        "Live messages received and not applied yet (in the ingest queue or being applied).",
+        labels=["worker"],
     )
     connected = GaugeMetricFamily(
         "kvsi_publisher_connected",

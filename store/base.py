@@ -5,6 +5,7 @@ Imports neither zmq nor fastapi. Every backend passes tests/conformance unchange
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from store.feed import FeedHub
@@ -35,6 +36,14 @@ class IndexStore(Protocol):
         is applied and IndexLostError is raised (checked in the same atomic step).
         Cost: O(blocks in the batch), plus O(sessions holding a block) per removed block.
         """
+        ...
+
+    async def apply_many(
+        self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
+    ) -> list[ApplyOutcome]:
+        """`apply` of each batch in order (every one checked against `expect`), one outcome
+        each; a backend may land them in one step (Redis: one script call when its writer
+        predicts every batch applies), which is what makes catching up a backlog cheap."""
         ...
 
     async def fence(self, worker: WorkerKey) -> Fence | None:

@@ -7,7 +7,7 @@ per (medium, group_idx), hash -> the sessions holding it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from store.feed import FeedHub, FeedRecord, WorkerChange
 from store.model import (
@@ -130,6 +130,11 @@ class MemoryStore:
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
     ) -> ApplyOutcome:
         return self.apply_now(worker, batch, expect)
+
+    async def apply_many(
+        self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
+    ) -> list[ApplyOutcome]:
+        return [self.apply_now(worker, batch, expect) for batch in batches]
 
     def apply_now(
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None

@@ -61,6 +61,12 @@ class Plan:
         for start in range(0, len(args), MAX_ARGS):
             self.call(code, key, args[start : start + MAX_ARGS], lead)
 
+    def extend(self, other: Plan) -> None:
+        """Append `other`'s commands (its KEYS after the guard's two): several writes of one
+        worker, planned in order, become one apply.lua call that checks the guard once."""
+        self.keys += other.keys[2:]
+        self.ops += other.ops
+
     def singles(self, code: str, keys: Sequence[str], args: Sequence[Arg]) -> None:
         """One command per key with one arg each (`code` SREM1): two args per key, not four.
 

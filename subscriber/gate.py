@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import structlog
@@ -71,6 +71,12 @@ class StoreGate:
             self._recovered()
         return outcome
 
+    async def apply_many(
+        self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
+    ) -> list[ApplyOutcome]:
+        """`IndexStore.apply_many`, retried until it lands (fenced: a retry is harmless)."""
+        return await self._call("apply", lambda: self.store.apply_many(worker, batches, expect))
+
     async def fence(self, worker: WorkerKey) -> Fence | None:
         return await self._call("fence", lambda: self.store.fence(worker))
 
@@ -99,6 +105,8 @@ class StoreGate:
     async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         try:
             result = await call()
+        except IndexLostError:
+            raise
         except Exception as exc:  # any failure means unavailable; see the module docstring
             return await self._retry(operation, exc, call)
         if self.down_since is not None:

@@ -65,6 +65,11 @@ class Inbox:
         await self._ready.wait()
         return self._items.popleft() if self._items else None
 
+    def take(self, most: int) -> list[list[bytes]]:
+        """Up to `most` of the held messages, oldest first, without waiting."""
+        items = self._items
+        return [items.popleft()[1] for _ in range(min(most, len(items)))]
+
     def take_dropped(self) -> Arrival:
         """The newest dropped message, with when the first of its run was dropped (the age of
         the hole); forgotten here. Call only when `last_dropped` is set."""

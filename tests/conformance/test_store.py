@@ -370,3 +370,50 @@ async def test_prefix_match_is_the_held_run_from_the_first_block(store: IndexSto
     assert only_b == {B: [("GPU",), ("GPU",)]}
     digests = await store.match_prefix([DIGEST], [A])
     assert digests == {A: []}
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(plan=steps, chunk=st.integers(min_value=2, max_value=6), runs=st.booleans())
+async def test_apply_many_equals_applying_one_by_one(
+    make_store: StoreFactory,
+    plan: list[tuple[WorkerKey, int, float, list[StoreEvent]]],
+    chunk: int,
+    runs: bool,
+) -> None:
+    """Chunks of one worker's batches through apply_many: the same outcomes and index as
+    apply of each. With `runs`, seqs follow each other (the backlog case a backend may land
+    in one step); without, duplicates, restarts and older engines come mixed in."""
+    one, many = await make_store(), await make_store()
+    if runs:
+        seqs = {A: 0, B: 0}
+        ordered = []
+        for worker, _, ts, evs in plan:
+            ordered.append((worker, seqs[worker], ts + seqs[worker], evs))
+            seqs[worker] += 1
+        plan = ordered
+    expected = [(await one.apply(worker, Batch(seq, ts, evs))) for worker, seq, ts, evs in plan]
+    got = []
+    for worker in (A, B):
+        mine = [Batch(seq, ts, evs) for w, seq, ts, evs in plan if w == worker]
+        for start in range(0, len(mine), chunk):
+            got += [(worker, o) for o in await many.apply_many(worker, mine[start : start + chunk])]
+    by_worker = [
+        (w, o) for w in (A, B) for (w2, *_), o in zip(plan, expected, strict=True) if w2 == w
+    ]
+    assert got == by_worker
+    assert await dump(many) == await dump(one)
+
+
+async def test_apply_many_checks_the_expected_fence(store: IndexStore) -> None:
+    first = Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")])
+    assert await store.apply(A, first) is ApplyOutcome.APPLIED
+    seen = await store.fence(A)
+    assert seen is not None
+    await store.remove_worker(A)
+    more = [Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s")]), Batch(2, 3.0, [BlocksRemoved([1])])]
+    with pytest.raises(IndexLostError):
+        await store.apply_many(A, more, seen)
+    assert await store.list_workers() == []
+    assert await store.apply_many(A, more) == [ApplyOutcome.APPLIED, ApplyOutcome.APPLIED]

@@ -6,6 +6,8 @@ the memory store itself never fails.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from store.memory import MemoryStore
 from store.model import (
     ApplyOutcome,
@@ -52,6 +54,11 @@ class RecordingStore:
         outcome = await self.inner.apply(worker, batch, expect)
         self.applied.append((worker, batch.seq, outcome))
         return outcome
+
+    async def apply_many(
+        self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
+    ) -> list[ApplyOutcome]:
+        return [await self.apply(worker, batch, expect) for batch in batches]
 
     async def fence(self, worker: WorkerKey) -> Fence | None:
         self._check()
