@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import multiprocessing
 import random
 import re
@@ -31,6 +32,7 @@ from store.model import Batch, BlocksStored, WorkerKey
 from store.redis import RedisStore
 from store.redis_layout import decode_residency
 from subscriber.decode import ingest_decoder
+from subscriber.stream import GROUP_MAX
 
 INTSET_ENTRIES = 512
 """The server's `set-max-intset-entries`: Redis' default, which the small workload's session
@@ -75,7 +77,7 @@ def store_at(port: int) -> RedisStore:
 
 
 async def ingest_streams(
-    port: int, payloads: list[bytes], workers: range, start_at: float = 0.0
+    port: int, payloads: list[bytes], workers: range, group: int, start_at: float = 0.0
 ) -> tuple[float, float, float]:
     """Decode + apply every payload as one concurrent stream per worker index in `workers`,
     starting at wall time `start_at` (0: now). Returns wall times at the start and the end,
@@ -85,9 +87,15 @@ async def ingest_streams(
     async def stream(i: int) -> None:
         decoder = ingest_decoder()
         worker = WorkerKey(f"pod-{i}", 0)
+        run: list[Batch] = []
         for seq, payload in enumerate(payloads):
             decoded = decoder.decode(payload)
-            await store.apply(worker, Batch(seq, decoded.ts, decoded.events))
+            run.append(Batch(seq, decoded.ts, decoded.events))
+            if len(run) == group:
+                await store.apply_many(worker, run)
+                run = []
+        if run:
+            await store.apply_many(worker, run)
 
     await store.fence(WorkerKey("warm-up", 0))  # connected before the clock starts
     if start_at:
@@ -100,17 +108,21 @@ async def ingest_streams(
     return started, ended, cpu
 
 
-def _sidecar(port: int, payloads: list[bytes], workers: range, start_at: float, out: Any) -> None:
+def _sidecar(
+    port: int, payloads: list[bytes], workers: range, group: int, start_at: float, out: Any
+) -> None:
     """One ingest process of a fleet of sidecars (multiprocessing target)."""
-    out.put(asyncio.run(ingest_streams(port, payloads, workers, start_at)))
+    out.put(asyncio.run(ingest_streams(port, payloads, workers, group, start_at)))
 
 
 async def ingest(
-    port: int, payloads: list[bytes], workers: int, processes: int
+    port: int, payloads: list[bytes], workers: int, processes: int, group: int
 ) -> tuple[float, float, float]:
     """Decode + apply every payload as `workers` concurrent streams into an empty server,
     spread over `processes` processes (1: this one; more: one sidecar process each, as a
-    fleet of per-pod sidecars shares one Redis).
+    fleet of per-pod sidecars shares one Redis), `group` batches per store call (1: one
+    `apply` each, a stream keeping up; GROUP_MAX: the runs a stream behind its publisher
+    stores with `apply_many`).
 
     Returns (seconds, client CPU seconds of all processes, server CPU seconds).
     """
@@ -118,7 +130,7 @@ async def ingest(
     raw.flushall()
     server_before = _server_cpu(raw)
     if processes == 1:
-        started, ended, cpu = await ingest_streams(port, payloads, range(workers))
+        started, ended, cpu = await ingest_streams(port, payloads, range(workers), group)
         elapsed = ended - started
     else:
         ctx = multiprocessing.get_context("spawn")
@@ -126,7 +138,7 @@ async def ingest(
         start_at = time.time() + 3.0  # every process started and connected by then
         shares = [range(p, workers, processes) for p in range(processes)]
         procs = [
-            ctx.Process(target=_sidecar, args=(port, payloads, share, start_at, results))
+            ctx.Process(target=_sidecar, args=(port, payloads, share, group, start_at, results))
             for share in shares
         ]
         for proc in procs:
@@ -283,7 +295,7 @@ async def run(args: argparse.Namespace) -> None:
         print(f"redis-server {version}, set-max-intset-entries {INTSET_ENTRIES}, port {port}")
         print(f"\n(1) ingest: {args.workers} concurrent worker streams, decode + apply")
         print(
-            f"{'workload':<11} {'block-events':>12} {'ingest/s':>10}"
+            f"{'workload':<16} {'block-events':>12} {'ingest/s':>10}"
             f" {'client us/batch':>15} {'redis us/batch':>14}"
         )
         rates = {}
@@ -291,20 +303,26 @@ async def run(args: argparse.Namespace) -> None:
             payloads = make(args.batches, args.seed)
             n = block_events(payloads) * args.workers
             batches = len(payloads) * args.workers
-            for procs in sorted({1, args.processes}):
-                runs = [await ingest(port, payloads, args.workers, procs) for _ in range(args.runs)]
-                label = f"{name} x{procs}"
+            for procs, group in itertools.product(sorted({1, args.processes}), (1, GROUP_MAX)):
+                runs = [
+                    await ingest(port, payloads, args.workers, procs, group)
+                    for _ in range(args.runs)
+                ]
+                label = f"{name} x{procs} g{group}"
                 rates[label] = statistics.median(n / elapsed for elapsed, _, _ in runs)
                 client = statistics.median(cpu for _, cpu, _ in runs) / batches * 1e6
                 server = statistics.median(srv for _, _, srv in runs) / batches * 1e6
                 print(
-                    f"{label:<11} {n:>12,} {rates[label]:>10,.0f} {client:>15.0f} {server:>14.0f}"
+                    f"{label:<16} {n:>12,} {rates[label]:>10,.0f} {client:>15.0f} {server:>14.0f}"
                 )
         sadd = sadd_baseline(port)
         print(f"redis-benchmark -P 64 -t sadd: {sadd:,.0f} requests/s")
         for label, rate in rates.items():
             print(f"ratio {label} ingest / sadd: {rate / sadd:.3f}  (target >= 0.25)")
-        print(f"(medians of {args.runs} runs; xN: the streams spread over N processes)")
+        print(
+            f"(medians of {args.runs} runs; xN: the streams spread over N processes;"
+            f" gK: K batches per store call)"
+        )
 
         entries, used, per = await memory_per_entry(port, args.entries, args.seed)
         print(f"\n(2) memory: {entries:,} resident (session, block) entries")
