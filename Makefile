@@ -10,6 +10,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	# The image's runtime wheels, so the wheel-in-a-fresh-virtualenv test installs offline.
+	$(BIN)/pip wheel --quiet --wheel-dir $(VENV)/wheelhouse ".[redis,xxhash,k8s]"
 	touch $@
 
 demo: $(BIN)/.installed
@@ -33,3 +35,21 @@ bench: $(BIN)/.installed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The interop tier (tests/interop): real vLLM 0.33 code on the CPU, in its own virtualenv
+# inside .venv (ignored like it) so `make test` stays light. vLLM and xgrammar install
+# without their dependencies (CUDA builds, several GB); the `vllm` group brings what the code
+# under test imports, with the CPU build of torch.
+INTEROP_VENV ?= $(VENV)/interop
+INTEROP_BIN := $(INTEROP_VENV)/bin
+
+$(INTEROP_BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(INTEROP_VENV)
+	$(INTEROP_BIN)/pip install --quiet --upgrade pip
+	$(INTEROP_BIN)/pip install --quiet -e ".[dev,vllm]"
+	$(INTEROP_BIN)/pip install --quiet --no-deps vllm==0.33.0 xgrammar==0.2.8
+	touch $@
+
+.PHONY: interop
+interop: $(INTEROP_BIN)/.installed
+	KVSI_INTEROP=1 $(INTEROP_BIN)/pytest -m interop tests/interop

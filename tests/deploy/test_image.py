@@ -66,7 +66,8 @@ def test_the_image_builds_in_two_stages_and_runs_kvsi_as_a_non_root_user() -> No
 @pytest.mark.timeout(900)
 def test_the_image_commands_work_from_the_wheel_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     """What the image runs, minus the container: build the wheel, install it with the
-    image's extras from the index into a new virtualenv, run ENTRYPOINT + CMD with the
+    image's extras into a new virtualenv (offline: from the wheelhouse `make` fills, so the
+    test talks to no index), run ENTRYPOINT + CMD with the
     image's ENV (bound to loopback here), probe it with the HEALTHCHECK command, SIGTERM it
     as `docker stop` does."""
     dist, venv = tmp_path / "dist", tmp_path / "venv"
@@ -76,7 +77,9 @@ def test_the_image_commands_work_from_the_wheel_in_a_fresh_virtualenv(tmp_path: 
     build = stages()[0]
     extras = re.search(r"\"\.\[([\w,]+)\]\"", build.last("RUN"))
     assert extras is not None, build.last("RUN")
-    run([str(venv / "bin/pip"), "install", "--quiet", f"{wheel}[{extras.group(1)}]"], 600)
+    assert WHEELHOUSE.is_dir(), f"{WHEELHOUSE} missing: `make` builds it (see Makefile)"
+    offline = ["--no-index", "--find-links", str(WHEELHOUSE)]
+    run([str(venv / "bin/pip"), "install", "--quiet", *offline, f"{wheel}[{extras.group(1)}]"], 600)
     installed = run([str(venv / "bin/pip"), "list", "--format=json"], 60)
     names = {d["name"].lower() for d in json.loads(installed)}
     assert "kv-session-index" in names and "lightkube" in names and "redis" in names
@@ -108,6 +111,10 @@ def test_the_image_commands_work_from_the_wheel_in_a_fresh_virtualenv(tmp_path: 
     assert proc.returncode == 0, output
     logs = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert any(line.get("event") == "stream.connected" for line in logs), "JSON logs (ENV)"
+
+
+WHEELHOUSE = Path(sys.prefix) / "wheelhouse"
+"""The runtime wheels `make` downloads next to the virtualenv running the tests."""
 
 
 def run(argv: list[str], timeout: float) -> str:
