@@ -22,8 +22,10 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The whole suite: lint, types, tests, then the interop tier against real vLLM code.
 test: lint
 	$(BIN)/pytest
+	$(MAKE) interop
 
 # The shipping checks alone: hadolint, the image's commands from the wheel, Compose,
 # rendered Kubernetes manifests against the schemas, discovery, dashboard queries.

@@ -12,6 +12,12 @@ from collections.abc import Iterable, Sequence
 from hashing import BlockHasher, event_hash_int
 from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
+GROUP_IDX = 0
+"""The one KV cache group of a model with a single kind of attention."""
+
+SPEC_KIND = "full_attention"
+"""The kind vLLM's KVCacheManager stamps on that group's stores (kv_cache_spec_kind)."""
+
 
 class SimulatedEngine:
     """A worker's KV cache manager: a block pool with prefix hits and LRU eviction.
@@ -19,7 +25,8 @@ class SimulatedEngine:
     Requests are instantaneous (prefill, generate, finish in one call), so between calls no
     block is referenced and every block is evictable; during a call the request's own blocks
     are pinned. Truth is derived from the emitted events by DESIGN.md's rules, so a correct
-    index fed the same events must agree with `resident()` and `session_residency()`.
+    index fed the same events must agree with `resident()`, `session_residency()` and
+    `session_losses()`; `session_frontiers()` is what the engine knows of its prompts.
     """
 
     def __init__(
@@ -52,6 +59,8 @@ class SimulatedEngine:
         self._sessions: dict[str, set[int]] = {}
         # Reverse map (block -> sessions) so a removal reaches every holder in O(holders).
         self._holders: dict[int, set[str]] = {}
+        self._lost: dict[str, int] = {}
+        self._frontiers: dict[str, tuple[int, int]] = {}
 
     def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
         """The event hashes this engine gives the full blocks of `token_ids` (vLLM's sha256)."""
@@ -78,6 +87,7 @@ class SimulatedEngine:
         events: list[KVCacheEvent] = []
         if hit and self.report_mode_full:
             events.append(self._stored(session_id, hashes[:hit], None, token_ids[: hit * size]))
+            self._at_frontier(session_id, hashes, hit - 1)
         new = hashes[hit:]
         pinned = set(hashes)
         missing = sum(1 for h in new if h not in self._pool)
@@ -86,6 +96,7 @@ class SimulatedEngine:
             parent = hashes[hit - 1] if hit else None
             tokens = token_ids[hit * size : len(hashes) * size]
             events.append(self._stored(session_id, new, parent, tokens))
+            self._at_frontier(session_id, hashes, len(hashes) - 1)
         # vLLM frees a finished request's blocks tail first, so its prefix is evicted last.
         for h in reversed(hashes):
             self._pool[h] = None
@@ -112,6 +123,16 @@ class SimulatedEngine:
         """
         return {sid: set(blocks) for sid, blocks in self._sessions.items() if blocks}
 
+    def session_losses(self) -> dict[str, int]:
+        """Per session, the blocks eviction took from it here since it last stored here (a
+        reset takes all it held), from the events alone; sessions that lost none omitted."""
+        return {sid: n for sid, n in self._lost.items() if n}
+
+    def session_frontiers(self) -> dict[str, tuple[int, int]]:
+        """Per session, the block it stored here last and that block's index in its prompt:
+        what the engine knows, not what the events say."""
+        return dict(self._frontiers)
+
     @property
     def usage(self) -> float:
         """Fraction of the pool holding cached blocks."""
@@ -124,6 +145,9 @@ class SimulatedEngine:
         parent: int | None,
         token_ids: Sequence[int],
     ) -> BlockStored:
+        """A store as vLLM's KVCacheManager publishes it (tests/interop compares the two):
+        one extra-keys entry per block (None: no LoRA, multimodal input or salt), the group
+        and its kind."""
         return BlockStored(
             block_hashes=list(hashes),
             parent_block_hash=parent,
@@ -132,8 +156,15 @@ class SimulatedEngine:
             lora_id=None,
             medium=self.medium,
             lora_name=None,
+            extra_keys=[None] * len(hashes),
+            group_idx=GROUP_IDX,
+            kv_cache_spec_kind=SPEC_KIND,
             session_id=session_id,
         )
+
+    def _at_frontier(self, session_id: str | None, hashes: Sequence[int], index: int) -> None:
+        if session_id is not None:
+            self._frontiers[session_id] = (hashes[index], index)
 
     def _evict(self, count: int, pinned: set[int]) -> Iterable[KVCacheEvent]:
         """Evict `count` least recently used unpinned blocks, one BlockRemoved each."""
@@ -147,7 +178,10 @@ class SimulatedEngine:
                     break
         for block in victims:
             del self._pool[block]
-        return [BlockRemoved(block_hashes=[block], medium=self.medium) for block in victims]
+        return [
+            BlockRemoved(block_hashes=[block], medium=self.medium, group_idx=GROUP_IDX)
+            for block in victims
+        ]
 
     def _apply_truth(self, events: Iterable[KVCacheEvent]) -> None:
         """Session residency from the events alone, exactly as the index must derive it."""
@@ -155,6 +189,7 @@ class SimulatedEngine:
             if isinstance(event, BlockStored):
                 if event.session_id is None:
                     continue
+                self._lost[event.session_id] = 0
                 owned = self._sessions.setdefault(event.session_id, set())
                 for block in event.block_hashes:
                     assert isinstance(block, int)
@@ -164,10 +199,13 @@ class SimulatedEngine:
                 for block in event.block_hashes:
                     assert isinstance(block, int)
                     for sid in self._holders.pop(block, ()):
+                        self._lost[sid] += 1
                         owned = self._sessions[sid]
                         owned.discard(block)
                         if not owned:
                             del self._sessions[sid]
             else:
+                for sid, owned in self._sessions.items():
+                    self._lost[sid] += len(owned)
                 self._sessions.clear()
                 self._holders.clear()

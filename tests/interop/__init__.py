@@ -1,0 +1,1 @@
+"""Interop tier: kvsi against vLLM's own KV cache manager and event publisher (make interop)."""
