@@ -17,8 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.errors import install_error_handlers
+from api.hints import HintOptions
 from api.reader import IndexReader
-from api.routes import health, metrics, pods, route, sessions, watch
+from api.routes import health, hints, metrics, pods, route, sessions, watch
 from api.routes.health import ReadinessCheck
 from kvsi.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from store.base import IndexStore
@@ -68,6 +69,7 @@ def create_app(
     root_path: str = "",
     tokens: Sequence[str] = (),
     metrics_require_token: bool = False,
+    hint_options: HintOptions | None = None,
 ) -> FastAPI:
     """The REST app over `store`, which the caller opens before and closes after.
 
@@ -76,7 +78,8 @@ def create_app(
     reads as "not ready" instead of hanging the kubelet's probe. `root_path` is for a
     reverse proxy that serves the app under a prefix. `tokens`: bearer tokens every `/v1`
     endpoint requires (none: open); the probes stay open, `/metrics` too unless
-    `metrics_require_token`.
+    `metrics_require_token`. `hint_options`: how session hints name llm-d endpoints
+    (default: namespace `default`, `<pod>-rank-<rank>`).
     """
     app = FastAPI(
         title=title,
@@ -91,12 +94,14 @@ def create_app(
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)
+    app.state.hint_options = hint_options or HintOptions()
     install_error_handlers(app)
     app.add_middleware(RequestMetrics)
     # Documented in OpenAPI only where enforced, so the schema tells clients the truth.
     protected = [Depends(require_token)] if tokens else []
     unauthorized = UNAUTHORIZED if tokens else {}
     app.include_router(sessions.router, dependencies=protected, responses=unauthorized)
+    app.include_router(hints.router, dependencies=protected, responses=unauthorized)
     app.include_router(pods.router, dependencies=protected, responses=unauthorized)
     app.include_router(route.router, dependencies=protected, responses=unauthorized)
     app.include_router(watch.router, dependencies=protected, responses=unauthorized)

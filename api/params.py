@@ -83,7 +83,7 @@ def _cursor() -> Any:
     )
 
 
-class _QueryParams(BaseModel):
+class QueryParams(BaseModel):
     """Query parameters of one endpoint; a name it does not know is an error, not ignored.
 
     A silently ignored typo (`?pods=vllm-0`) would return unfiltered results that a router
@@ -105,7 +105,7 @@ class _QueryParams(BaseModel):
         return data
 
 
-class SessionBlocksQuery(_QueryParams):
+class SessionBlocksQuery(QueryParams):
     """Filters and paging of a session's block hashes."""
 
     pod: str | None = _pod_filter("Only blocks resident on this pod (all its ranks).")
@@ -114,7 +114,7 @@ class SessionBlocksQuery(_QueryParams):
     cursor: str | None = _cursor()
 
 
-class SessionListQuery(_QueryParams):
+class SessionListQuery(QueryParams):
     """Filter and paging of the session list."""
 
     pod: str | None = _pod_filter("Only sessions with blocks resident on this pod.")
@@ -122,7 +122,7 @@ class SessionListQuery(_QueryParams):
     cursor: str | None = _cursor()
 
 
-class PodBlocksQuery(_QueryParams):
+class PodBlocksQuery(QueryParams):
     """Filters and paging of a pod's block hashes."""
 
     dp_rank: int | None = Field(

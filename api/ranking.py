@@ -12,6 +12,8 @@ Imports only the store model. The formula (also in the OpenAPI description and t
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from store.model import WorkerKey
@@ -19,15 +21,17 @@ from store.model import WorkerKey
 DEFAULT_WEIGHTS = {"GPU": 1.0, "CPU": 0.8}
 OTHER_MEDIUM_WEIGHT = 0.5
 
+NO_MEDIA: dict[str, int] = {}
+NO_PREFIX: list[tuple[str, ...]] = []
+
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the index knows of one candidate worker for this request."""
+    """What the index knows for this request, per worker (absent: nothing there)."""
 
-    worker: WorkerKey
-    state: str
-    session_by_medium: dict[str, int]
-    prefix_media: list[tuple[str, ...]]
+    states: Mapping[WorkerKey, str]
+    session_by_medium: Mapping[WorkerKey, dict[str, int]]
+    prefix_media: Mapping[WorkerKey, list[tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -53,30 +57,55 @@ class Weights:
         return self._weights.get(medium, OTHER_MEDIUM_WEIGHT)
 
 
-def rank(candidates: list[Evidence], weights: Weights, *, by_prompt: bool) -> list[Ranked]:
-    """Candidates best first, deterministic for equal scores."""
-    lines = [_score(c, weights, by_prompt) for c in candidates]
-    lines.sort(
-        key=lambda r: (
-            -r.score,
-            -r.session_score,
-            r.state != "live",
-            r.worker.pod,
-            r.worker.dp_rank,
-        )
-    )
-    return lines
+def rank(
+    candidates: list[WorkerKey],
+    evidence: Evidence,
+    weights: Weights,
+    *,
+    by_prompt: bool,
+    limit: int,
+) -> list[Ranked]:
+    """The best `limit` candidates, best first, deterministic for equal scores.
+
+    Only those lines are built: a route over a large fleet ranks every worker, most of them
+    with nothing of the session or prompt (score 0), and answers with a few.
+    """
+    states, sessions, prefixes = evidence.states, evidence.session_by_medium, evidence.prefix_media
+    keys = []
+    for worker in candidates:
+        if worker in sessions or prefixes.get(worker):
+            score, session = _scores(worker, evidence, weights, by_prompt)
+        else:
+            score = session = 0.0  # nothing of the session or prompt: most of a large fleet
+        # A WorkerKey orders as (pod, dp_rank): the last tie-breakers.
+        keys.append((-score, -session, states[worker] != "live", worker))
+    return [_line(k[3], -k[0], -k[1], evidence) for k in heapq.nsmallest(limit, keys)]
 
 
-def _score(c: Evidence, weights: Weights, by_prompt: bool) -> Ranked:
-    prefix = sum(max(weights(m) for m in media) for media in c.prefix_media)
-    session = sum(weights(m) * n for m, n in c.session_by_medium.items())
+def _scores(
+    worker: WorkerKey, evidence: Evidence, weights: Weights, by_prompt: bool
+) -> tuple[float, float]:
+    """(score, session score) of one worker, both rounded as the answer shows them."""
+    session = 0.0
+    for medium, n in evidence.session_by_medium.get(worker, NO_MEDIA).items():
+        session += weights(medium) * n
+    session = round(session, 6)
+    if not by_prompt:
+        return session, session
+    prefix = 0.0
+    for media in evidence.prefix_media.get(worker, NO_PREFIX):
+        prefix += max(weights(m) for m in media)
+    return round(prefix, 6), session
+
+
+def _line(worker: WorkerKey, score: float, session: float, evidence: Evidence) -> Ranked:
+    by_medium = evidence.session_by_medium.get(worker, NO_MEDIA)
     return Ranked(
-        worker=c.worker,
-        state=c.state,
-        score=round(prefix if by_prompt else session, 6),
-        session_score=round(session, 6),
-        session_blocks=sum(c.session_by_medium.values()),
-        prefix_blocks=len(c.prefix_media),
-        by_medium=dict(sorted(c.session_by_medium.items())),
+        worker=worker,
+        state=evidence.states[worker],
+        score=score,
+        session_score=session,
+        session_blocks=sum(by_medium.values()),
+        prefix_blocks=len(evidence.prefix_media.get(worker, NO_PREFIX)),
+        by_medium=dict(sorted(by_medium.items())),
     )

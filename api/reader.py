@@ -16,12 +16,14 @@ from fastapi import HTTPException, Request
 from store.base import IndexStore
 from store.feed import FeedHub
 from store.model import (
+    DynamoInstance,
     Hash,
     InvalidCursorError,
     Page,
     SessionSummary,
     SessionView,
     WorkerKey,
+    WorkerState,
     WorkerView,
 )
 
@@ -85,6 +87,9 @@ class IndexReader:
     async def list_workers(self) -> list[WorkerView]:
         return await self._call("list_workers", self._store.list_workers())
 
+    async def worker_states(self) -> dict[WorkerKey, WorkerState]:
+        return await self._call("worker_states", self._store.worker_states())
+
     async def worker_blocks(
         self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None
     ) -> Page[Hash] | None:
@@ -100,10 +105,20 @@ class IndexReader:
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
         return await self._call("match_prefix", self._store.match_prefix(hashes, workers))
 
+    async def worker_models(self) -> dict[WorkerKey, str | None]:
+        return await self._call("worker_models", self._store.worker_models())
+
+    async def instances(self) -> list[DynamoInstance]:
+        return await self._call("instances", self._store.instances())
+
     async def change_feed(self) -> FeedHub:
         return await self._call("change_feed", self._store.change_feed())
 
 
-def get_reader(request: Request) -> IndexReader:
-    """FastAPI dependency: the reader create_app put on app.state (overridable in tests)."""
+async def get_reader(request: Request) -> IndexReader:
+    """FastAPI dependency: the reader create_app put on app.state (overridable in tests).
+
+    Async: FastAPI runs a plain `def` dependency in its thread pool, a thread hand-off per
+    request that cost more than the rest of the dependency work.
+    """
     return cast(IndexReader, request.app.state.reader)

@@ -11,14 +11,36 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, Field
+from pydantic_core import to_json
+from starlette.responses import Response
 
 from store.model import WorkerState
+
+
+def json_response(content: object) -> Response:
+    """A 200 answer of `content` (plain dicts and lists) as JSON.
+
+    For the per-request hot paths: building the body as pydantic models cost more than the
+    store's read. pydantic's own encoder writes it, so the bytes are those the route's
+    `response_model` (which still documents the shape) would give; tests hold both to it.
+    """
+    return Response(to_json(content), media_type="application/json")
 
 
 class ErrorResponse(BaseModel):
     """Every error, whatever its status: one human-readable sentence saying what is wrong."""
 
     detail: str = Field(examples=["session 'sess-A' not found (never seen, or aged out)"])
+
+
+class SessionFrontier(BaseModel):
+    """The block a session most recently stored on a worker, and where it sits in the prompt."""
+
+    block_hash: str = Field(description="As every block hash: decimal, or `0x` + hex.")
+    position: int | None = Field(
+        description="Its index in the prompt, in blocks from 0, when the events tell: a store "
+        "from the prompt's start, or continuing the session's previous one here. null if not."
+    )
 
 
 class SessionPod(BaseModel):
@@ -37,6 +59,20 @@ class SessionPod(BaseModel):
         description="The worker's stream state; only `live` means the counts are exact. "
         "null if the worker was removed while the request ran."
     )
+    lost_blocks: int = Field(
+        description="Entries of the session eviction took from this worker since the session "
+        "last stored here (a BlockRemoved, or the worker's cache emptied: AllBlocksCleared, "
+        "an engine restart); a store here resets it. Entries the index dropped for want of "
+        "events (a degraded worker's stale entries) are not counted."
+    )
+    reprefill_tokens: int | None = Field(
+        description="`lost_blocks` x the block size of the session's last store here: the "
+        "prompt tokens a next turn here prefills again. null if the block size is unknown."
+    )
+    frontier: SessionFrontier | None = Field(
+        description="The block the session most recently stored here (it may have been "
+        "evicted since); null before any."
+    )
 
 
 class SessionResponse(BaseModel):
@@ -46,7 +82,8 @@ class SessionResponse(BaseModel):
     total_blocks: int = Field(description="Sum of `blocks` over `pods`.")
     last_seen: float = Field(description="Engine timestamp (Unix seconds) of the last store.")
     pods: list[SessionPod] = Field(
-        description="One item per worker holding at least one block of the session."
+        description="One item per worker holding at least one block of the session, or "
+        "that lost some (`lost_blocks`) since the session last stored there."
     )
 
 
@@ -90,6 +127,11 @@ class PodWorker(BaseModel):
     batches_lost: int = Field(description="Batches missed and not repaired by replay.")
     last_event_at: float | None = Field(
         description="When this service last applied a batch of the worker (Unix seconds)."
+    )
+    model: str | None = Field(
+        default=None,
+        description="The model the worker serves (its topic `kv@<pod>@<model>`, or "
+        "configured); null if unknown.",
     )
 
 

@@ -298,18 +298,45 @@ def _gauge_families(workers: list[WorkerCounters]) -> Iterator[Metric]:
         yield family
 
 
+_LOSSES: tuple[tuple[str, str], ...] = (
+    (
+        "kvsi_index_sessions_hurt",
+        "Sessions that lost blocks of the worker to eviction (or its cache emptying) since "
+        "they last stored there.",
+    ),
+    (
+        "kvsi_index_lost_blocks",
+        "Blocks eviction took from the worker's sessions since each last stored there, "
+        "summed over them (per hurt session: divide by kvsi_index_sessions_hurt).",
+    ),
+    (
+        "kvsi_index_reprefill_tokens",
+        "Prompt tokens the worker's sessions would prefill again there: their lost blocks x "
+        "block size (sessions of unknown block size left out).",
+    ),
+)
+"""(name, help) of the per-worker loss gauges, in `IndexSizes.update`'s `losses` order."""
+
+
 class IndexSizes(Collector):
     """The index's size as the store last reported it: workers, and per worker its sessions
-    and entries. Refreshed periodically (`kvsi.serve`), not per scrape: a scrape must not
-    wait on the store."""
+    and entries, and what eviction took from its sessions. Refreshed periodically
+    (`kvsi.serve`), not per scrape: a scrape must not wait on the store."""
 
     def __init__(self) -> None:
         self._workers: list[tuple[str, int, int]] = []
+        self._losses: list[tuple[str, int, int, int]] = []
         self._known = False
 
-    def update(self, workers: Iterable[tuple[str, int, int]]) -> None:
-        """Replace the snapshot with (worker, sessions, entries) per worker."""
+    def update(
+        self,
+        workers: Iterable[tuple[str, int, int]],
+        losses: Iterable[tuple[str, int, int, int]] = (),
+    ) -> None:
+        """Replace the snapshot with (worker, sessions, entries) per worker, and (worker,
+        sessions hurt, lost blocks, re-prefill tokens) per worker."""
         self._workers = sorted(workers)
+        self._losses = sorted(losses)
         self._known = True
 
     def collect(self) -> Iterator[Metric]:
@@ -329,6 +356,11 @@ class IndexSizes(Collector):
             sessions.add_metric([worker], n_sessions)
             entries.add_metric([worker], n_entries)
         yield from (count, sessions, entries)
+        families = [GaugeMetricFamily(name, text, labels=["worker"]) for name, text in _LOSSES]
+        for worker, *values in self._losses:
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([worker], value)
+        yield from families
 
 
 INGEST = IngestCollector()

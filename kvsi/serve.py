@@ -15,7 +15,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app, create_probe_app
+from api.dynamo import create_dynamo_app
+from api.hints import HintOptions
+from api.routes.dynamo import DynamoOptions
 from kvsi import metrics
+from kvsi.dynamo_follow import follow_registrations
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from store.base import IndexStore
@@ -36,6 +40,7 @@ def publisher_specs(settings: Settings) -> list[PublisherSpec]:
             replay_endpoint=p.replay_endpoint,
             dp_rank=p.dp_rank,
             topic=settings.topic if p.topic is None else p.topic,
+            model=p.model,
         )
         for p in settings.publishers
     ]
@@ -93,6 +98,11 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         await pool.start()
         if settings.discovery is not None:
             tasks.append(_start_discovery(settings.discovery, settings.topic, pool))
+        if settings.dynamo_api:
+            follower = follow_registrations(
+                store, pool, topic=settings.topic, interval=settings.dynamo.follow_seconds
+            )
+            tasks.append(asyncio.create_task(follower, name="dynamo-follow"))
     if fleet is not None:
         tasks.append(fleet.run_in_background(settings.demo_rate))
     if settings.api:
@@ -118,9 +128,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     )
     try:
         if settings.api:
-            await _serve_http(
-                _api_app(settings, store, pool), settings.host, settings.port, on_ready
-            )
+            await _serve_api(settings, store, pool, on_ready)
         elif settings.metrics_port is not None:
             probes = create_probe_app(readiness=readiness_probe(store, pool))
             await _serve_http(probes, settings.host, settings.metrics_port, _probes_ready(on_ready))
@@ -150,27 +158,94 @@ def _start_discovery(config: DiscoveryConfig, topic: str, pool: StreamPool) -> a
 
 
 async def run_index_metrics(store: IndexStore, interval: float) -> None:
-    """Refresh the index size gauges every `interval` seconds until cancelled; a store outage
-    keeps the last numbers (kvsi_store_available says why they are old)."""
+    """Refresh the index size and loss gauges every `interval` seconds until cancelled; a store
+    outage keeps the last numbers (kvsi_store_available says why they are old)."""
     while True:
         try:
             workers = await store.list_workers()
+            losses = await store.worker_losses()
         except Exception as exc:  # an outage must not end the refresher
             log.debug("index_metrics.skipped", error=f"{type(exc).__name__}: {exc}")
         else:
             metrics.INDEX.update(
-                (str(WorkerKey(w.pod, w.dp_rank)), w.sessions, w.blocks) for w in workers
+                ((str(WorkerKey(w.pod, w.dp_rank)), w.sessions, w.blocks) for w in workers),
+                (
+                    (str(w), x.sessions_hurt, x.lost_blocks, x.reprefill_tokens)
+                    for w, x in losses.items()
+                ),
             )
         await asyncio.sleep(interval)
 
 
 def _api_app(settings: Settings, store: IndexStore, pool: StreamPool | None) -> FastAPI:
-    return create_app(
+    app = create_app(
         store,
         readiness=readiness_probe(store, pool),
         tokens=bearer_tokens(settings),
         metrics_require_token=settings.metrics_require_token,
+        hint_options=hint_options(settings),
     )
+    if settings.dynamo_api:
+        app.mount(settings.dynamo.prefix, dynamo_app(settings, store))
+    return app
+
+
+def hint_options(settings: Settings) -> HintOptions:
+    """How session hints name llm-d endpoints, as the settings `llm_d` say."""
+    config = settings.llm_d
+    return HintOptions(
+        namespace=config.namespace,
+        pod_namespaces=config.pod_namespaces,
+        endpoint=config.endpoint,
+        header=config.header,
+        label_header=config.label_header,
+    )
+
+
+def dynamo_app(settings: Settings, store: IndexStore) -> FastAPI:
+    """Dynamo's standalone indexer API over `store`, as the settings configure it."""
+    config = settings.dynamo
+    options = DynamoOptions(
+        hash_algorithm=config.hash_algorithm,
+        hash_seed=config.hash_seed,
+        lora_paths=config.lora_paths,
+        dump_limit=config.dump_limit,
+    )
+    return create_dynamo_app(store, options, tokens=bearer_tokens(settings))
+
+
+async def _serve_api(
+    settings: Settings,
+    store: IndexStore,
+    pool: StreamPool | None,
+    on_ready: Callable[[str], None] | None,
+) -> None:
+    """The REST API, and Dynamo's on its own port if configured: one failing (a port in
+    use) stops the other, so the service never runs half of what it was asked to."""
+    main = _serve_http(_api_app(settings, store, pool), settings.host, settings.port, on_ready)
+    port = settings.dynamo.port
+    if not settings.dynamo_api or port is None:
+        await main
+        return
+    servers = [
+        asyncio.create_task(main, name="http"),
+        asyncio.create_task(
+            _serve_http(dynamo_app(settings, store), settings.host, port, _dynamo_ready),
+            name="dynamo-http",
+        ),
+    ]
+    try:
+        done, _ = await asyncio.wait(servers, return_when=asyncio.FIRST_COMPLETED)
+        for server in done:
+            server.result()
+    finally:
+        for server in servers:
+            server.cancel()
+        await asyncio.gather(*servers, return_exceptions=True)
+
+
+def _dynamo_ready(url: str) -> None:
+    log.info("serve.dynamo", url=url)
 
 
 def _probes_ready(on_ready: Callable[[str], None] | None) -> Callable[[str], None]:

@@ -5,8 +5,10 @@ Imports pydantic only. Precedence: CLI flags > environment > config file > defau
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from string import Formatter
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -30,6 +32,9 @@ class PublisherConfig(BaseModel):
     """Rank assumed until a batch names its own."""
     topic: str | None = None
     """Topic prefix filter; None uses the global `topic`."""
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    """The model the engine serves (routes and the Dynamo API filter by it); None: the one
+    its topic `kv@<pod>@<model>` names, if it does."""
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
@@ -60,6 +65,75 @@ class DiscoveryConfig(BaseModel):
     grace_seconds: float = Field(default=60.0, ge=0)
     """A worker whose pod is gone (deleted, or no longer running) keeps its index this long
     in case the pod returns under the same name, then it is removed with all its data."""
+
+
+class DynamoConfig(BaseModel):
+    """Dynamo's standalone KV indexer API (`dynamo_api`): where it is served, how `/query`
+    hashes token ids, how much `/dump` returns. docs/routers/dynamo.md has the rest."""
+
+    prefix: str = Field(default="/dynamo", pattern=r"^(/[A-Za-z0-9._~-]+)+$")
+    """Path the API is mounted at on the main port: `<prefix>/query_by_hash`, ..."""
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Also serve it at the root of this port of `host`, as `python -m dynamo.indexer` does
+    (8090 there): a drop-in for its clients. None: only under `prefix`."""
+    hash_algorithm: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "sha256"
+    """The engines' --prefix-caching-hash-algo: how `/query` hashes token ids."""
+    hash_seed: str | None = Field(default=None, max_length=64)
+    """The engines' PYTHONHASHSEED, if they set one."""
+    lora_paths: dict[str, str] = {}
+    """LoRA adapter name -> the path the engines loaded it from: vLLM hashes both, and a
+    `/query` names only the adapter."""
+    dump_limit: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Most block hashes one `/dump` lists over all workers; beyond, it says `truncated`."""
+    follow_seconds: float = Field(default=2.0, gt=0)
+    """How often an ingest process reads the registrations, to subscribe to instances
+    registered since and let go of those unregistered."""
+
+
+POD_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object name (RFC 1123 subdomain), as the API accepts pods."""
+K8S_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A namespace name (RFC 1123 label)."""
+HEADER_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+"""A lowercase header name: llm-d's picker lowercases the names it is configured with."""
+
+
+class LlmDConfig(BaseModel):
+    """The session hint llm-d's endpoint picker reads (`GET /v1/sessions/{id}/hint`, and
+    `/v1/route` with `hint`): how a kvsi worker is named there. docs/routers/llm-d.md."""
+
+    namespace: str = Field(default="default", max_length=63, pattern=K8S_LABEL)
+    """Namespace of the vLLM pods (their InferencePool's): the token names `<namespace>/...`."""
+    pod_namespaces: dict[str, Annotated[str, Field(max_length=63, pattern=K8S_LABEL)]] = {}
+    """Pod-name prefix -> namespace, for pods outside `namespace`; the longest prefix wins."""
+    endpoint: str = Field(default="{pod}-rank-{rank}", min_length=5, max_length=253)
+    """The picker's name of a worker's endpoint, from `{pod}` and `{rank}` (its DP rank). The
+    picker names endpoints `<pod>-rank-<i>`, i the index of the port in the InferencePool's
+    targetPorts: `{pod}-rank-{rank}` when DP rank r serves the r-th port, `{pod}-rank-0` when
+    a pod serves every rank behind one port, `{pod}` for pickers older than that naming.
+    Without `{rank}` the hint names a pod, ranked on its ranks' blocks together."""
+    header: str = Field(default="x-session-token", pattern=HEADER_NAME)
+    """The header session-affinity-scorer reads (its `encodedEndpointHeaderConfig.header`)."""
+    label_header: str = Field(default="x-kvsi-pod", pattern=HEADER_NAME)
+    """The header a header-label-affinity-scorer reads (`format=label`); its value is the pod
+    name, so the scorer's `labelKey` must be a label holding the pod's own name."""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_template(cls, value: str) -> str:
+        try:
+            fields = {name for _, name, _, _ in Formatter().parse(value) if name is not None}
+        except ValueError as exc:
+            raise ValueError(f"endpoint {value!r} is not a template ({exc})") from exc
+        if "pod" not in fields or not fields <= {"pod", "rank"}:
+            raise ValueError(f"endpoint {value!r} must use {{pod}}, and only {{rank}} besides")
+        try:
+            sample = value.format(pod="vllm-0", rank=0)
+        except ValueError as exc:
+            raise ValueError(f"endpoint {value!r} cannot be formatted ({exc})") from exc
+        if re.fullmatch(POD_NAME, sample) is None:
+            raise ValueError(f"endpoint {value!r} must make a Kubernetes name (makes {sample!r})")
+        return value
 
 
 class Settings(BaseSettings):
@@ -96,6 +170,13 @@ class Settings(BaseSettings):
     discovery: DiscoveryConfig | None = None
     """Central mode: subscribe to every vLLM pod the Kubernetes API lists (needs the `k8s`
     extra); None: only the configured `publishers`."""
+    dynamo_api: bool = False
+    """Serve Dynamo's standalone KV indexer API (see `dynamo`); with ingest on, also
+    subscribe to the instances registered through it."""
+    dynamo: DynamoConfig = Field(default_factory=DynamoConfig)
+    """Options of the Dynamo API (used only with `dynamo_api`)."""
+    llm_d: LlmDConfig = Field(default_factory=LlmDConfig)
+    """How session hints name llm-d endpoints (`GET /v1/sessions/{id}/hint`)."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """With the API off (an ingest-only sidecar), serve /healthz, /readyz and /metrics on
     this port of `host`; None: serve no HTTP at all."""

@@ -246,6 +246,25 @@ class SimulatedFleet:
                 out[key] = blocks
         return out
 
+    def loss_truth(self, session_id: str) -> dict[tuple[str, int], int]:
+        """Per worker where the session lost blocks since it last stored there: how many
+        (since the worker's engine started: a `restart_pod` starts a new truth)."""
+        out = {}
+        for key in self._order:
+            lost = self._workers[key].engine.session_losses().get(session_id)
+            if lost:
+                out[key] = lost
+        return out
+
+    def frontier_truth(self, session_id: str) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per worker where the session stored: its last stored block and its prompt index."""
+        out = {}
+        for key in self._order:
+            frontier = self._workers[key].engine.session_frontiers().get(session_id)
+            if frontier is not None:
+                out[key] = frontier
+        return out
+
     # -- faults --------------------------------------------------------------------------
 
     async def restart_pod(self, pod: str) -> None:

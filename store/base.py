@@ -12,12 +12,15 @@ from store.feed import FeedHub
 from store.model import (
     ApplyOutcome,
     Batch,
+    DynamoInstance,
     Fence,
     Hash,
     Page,
     SessionSummary,
     SessionView,
     WorkerKey,
+    WorkerLosses,
+    WorkerState,
     WorkerStatus,
     WorkerView,
 )
@@ -72,7 +75,9 @@ class IndexStore(Protocol):
         ...
 
     async def clear_worker(self, worker: WorkerKey) -> None:
-        """Drop every entry and residency of the worker, keeping its fence and status.
+        """Drop every entry of the worker, keeping its fence and status: the engine's cache
+        is gone (a restarted engine that published nothing yet), so each residency keeps
+        its blocks as lost (`SessionOnWorker.lost_blocks`), as AllBlocksCleared does.
 
         Touches only that worker's data: O(its entries), off the hot path.
         """
@@ -86,7 +91,9 @@ class IndexStore(Protocol):
         """The session's residency on every worker; None for a session never seen.
 
         A session whose blocks were all evicted is still returned (with zero blocks) until
-        it ages out. Cost: O(workers holding it).
+        it ages out. Lists the workers holding some of its blocks or that lost some since
+        the session last stored there (`SessionOnWorker.lost_blocks`). Cost: O(workers
+        holding it).
         """
         ...
 
@@ -116,6 +123,22 @@ class IndexStore(Protocol):
 
     async def list_workers(self) -> list[WorkerView]:
         """Every known worker with counts, fence and status, ordered by pod then rank."""
+        ...
+
+    async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
+        """Per known worker, what eviction took from its sessions (`WorkerLosses`), summed
+        over its residencies: for the metrics refresher, off every request path.
+        Cost: O(residencies); Redis reads every worker's residency values."""
+        ...
+
+    async def worker_states(self) -> dict[WorkerKey, WorkerState]:
+        """Every known worker's stream state, in no particular order: what a session view
+        or a route needs per request, without list_workers' counts.
+
+        A backend may answer from a cache as old as its cache of the worker registry (Redis:
+        `registry_ttl`); a change shows at most that late. Cost: O(workers), from the cache
+        mostly.
+        """
         ...
 
     async def worker_blocks(
@@ -150,6 +173,35 @@ class IndexStore(Protocol):
         a Redis Stream and the hub is fed from it (started on first call), so every API
         replica sees every writer's changes with the same ids.
         """
+        ...
+
+    async def worker_models(self) -> dict[WorkerKey, str | None]:
+        """Every known worker's model (as its last status named it; None: unknown), in no
+        particular order: what a route restricted to one model needs. Cost: O(workers)."""
+        ...
+
+    async def register_instance(self, instance: DynamoInstance) -> DynamoInstance | None:
+        """Record a Dynamo registration unless its (instance_id, dp_rank) is taken.
+
+        None when recorded; else the registration already there, and nothing changes
+        (atomic: of two racing registrations of one rank, one wins). Not part of the index:
+        no worker is created or changed. O(1).
+        """
+        ...
+
+    async def instances(self) -> list[DynamoInstance]:
+        """Every Dynamo registration, by instance id then rank.
+
+        A backend may answer from a cache as old as its worker registry's (Redis:
+        `registry_ttl`); this process's own registrations show at once. O(registrations).
+        """
+        ...
+
+    async def unregister_instance(
+        self, instance_id: int, dp_rank: int | None
+    ) -> list[DynamoInstance]:
+        """Forget the instance's registration of `dp_rank` (every rank if None); returns the
+        registrations removed. The workers and their indexes stay. O(registrations)."""
         ...
 
     async def close(self) -> None:

@@ -32,6 +32,9 @@ class ResidencyChange(msgspec.Struct, tag="residency", tag_field="type", frozen=
     """Entries of the session on that worker after the batch."""
     ts: float
     """The engine's batch time."""
+    lost: int = 0
+    """Of `removed`, the blocks eviction took (`SessionOnWorker.lost_blocks`): all of them,
+    except those the stale policy dropped or a removed worker took with it."""
 
 
 class WorkerChange(msgspec.Struct, tag="worker", tag_field="type", frozen=True):
@@ -61,13 +64,26 @@ class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
     ts: float
     rows: tuple[ResidencyRow, ...] = ()
     state: WorkerChange | None = None
+    losses: bool = False
+    """The rows' removals are losses (a batch's evictions and clears, `clear_worker`): every
+    removal of a batch is one, none of the stale policy's or `remove_worker`'s. One flag
+    rather than a column, so records written before it read (as no losses), and it is last,
+    so readers that predate it skip it."""
 
     def changes(self) -> Iterator[Change]:
         if self.state is not None:
             yield self.state
+        losses = self.losses
         for session_id, added, removed, blocks in self.rows:
             yield ResidencyChange(
-                session_id, self.pod, self.dp_rank, added, removed, blocks, self.ts
+                session_id,
+                self.pod,
+                self.dp_rank,
+                added,
+                removed,
+                blocks,
+                self.ts,
+                removed if losses else 0,
             )
 
 

@@ -6,6 +6,7 @@ Imports neither zmq nor fastapi; msgspec only, so both sides share these types c
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
@@ -46,6 +47,11 @@ class BlocksStored(msgspec.Struct, frozen=True, gc=False):
     medium: str | None = None
     group_idx: int | None = None
     session_id: str | None = None
+    parent_block_hash: Hash | None = None
+    """The block before the first of `block_hashes` in the request's prompt; None: they start
+    it. Gives the session's frontier its position (`Frontier`)."""
+    block_size: int | None = None
+    """Tokens per block (every vLLM release publishes it); None: not known."""
 
 
 class BlocksRemoved(msgspec.Struct, frozen=True, gc=False):
@@ -143,16 +149,47 @@ class WorkerStatus(msgspec.Struct):
     since: float = 0.0
     detail: str = ""
     batches_lost: int = 0
+    model: str | None = None
+    """The model the worker serves (its topic `kv@<pod>@<model>`, or configured); None:
+    unknown. Carried with the status so every API replica sees it."""
+
+
+class Frontier(msgspec.Struct, frozen=True, gc=False):
+    """The block a session most recently stored on a worker, and where it sits in the prompt.
+
+    `position` counts blocks from the prompt's first (0); None when the events did not tell.
+    The block may have been evicted since: `blocks` says what is left. A store of the session
+    there (`hashes`, a chain after `parent`) moves it to its last hash, at position
+    - len(hashes) - 1 without a parent (the store starts the prompt);
+    - position + len(hashes) when `parent` is the frontier (the chain goes on);
+    - unchanged when it ends on the frontier (the same blocks in another medium or group);
+    - unknown otherwise (a prefix another session stored, a reuse report cut short).
+    Positions are thus known along one chain from its tail: O(1) per store, nothing kept
+    per block. Both backends inline these rules on their ingest paths.
+    """
+
+    block_hash: Hash
+    position: int | None = None
 
 
 class SessionOnWorker(msgspec.Struct):
-    """One session's residency on one worker."""
+    """One session's residency on one worker.
+
+    `lost_blocks`: entries of the session that eviction (a BlockRemoved, or the worker's
+    cache emptied: AllBlocksCleared, an engine restart) took from this worker since the
+    session last stored there; a store resets it. The stale policy's drops are not counted
+    (uncertainty, not loss). `reprefill_tokens`: lost_blocks x the block size of the
+    session's last store there (None: unknown), the prompt a next turn here prefills again.
+    """
 
     pod: str
     dp_rank: int
     blocks: int
     by_medium: dict[str, int]
     last_seen: float
+    lost_blocks: int = 0
+    reprefill_tokens: int | None = None
+    frontier: Frontier | None = None
 
 
 class SessionView(msgspec.Struct):
@@ -188,6 +225,63 @@ class WorkerView(msgspec.Struct):
     last_event_at: float | None
     status: WorkerStatus
     unconfirmed: int = 0
+
+    @property
+    def model(self) -> str | None:
+        """The model the worker serves, from its status; None: unknown."""
+        return self.status.model
+
+
+def reprefill_tokens(lost: int, block_size: int | None) -> int | None:
+    """Tokens a next turn prefills again for `lost` blocks; None if the block size is unknown."""
+    return None if block_size is None else lost * block_size
+
+
+class WorkerLosses(msgspec.Struct, frozen=True):
+    """What eviction took from the sessions of one worker, summed over its residencies
+    (`SessionOnWorker.lost_blocks`): for the per-worker metrics."""
+
+    sessions_hurt: int = 0
+    """Residencies that lost blocks since their session last stored there."""
+    lost_blocks: int = 0
+    reprefill_tokens: int = 0
+    """Sum of the residencies' `reprefill_tokens` (those of unknown block size left out)."""
+
+
+def tally_losses(residencies: Iterable[tuple[int, int | None]]) -> WorkerLosses:
+    """`WorkerLosses` of (lost blocks, block size) per residency of one worker."""
+    hurt = lost = tokens = 0
+    for n, size in residencies:
+        if n:
+            hurt += 1
+            lost += n
+            tokens += n * (size or 0)
+    return WorkerLosses(sessions_hurt=hurt, lost_blocks=lost, reprefill_tokens=tokens)
+
+
+class DynamoInstance(msgspec.Struct, frozen=True):
+    """One data-parallel rank of a Dynamo worker instance, registered through the Dynamo API,
+    and the worker (pod, dp_rank) whose index answers for it.
+
+    Not part of the index: a name for one of its workers, kept by the store so every API
+    replica maps Dynamo's instance ids the same way.
+    """
+
+    instance_id: int
+    dp_rank: int
+    pod: str
+    model_name: str
+    routing_group: str
+    block_size: int
+    endpoint: str
+    replay_endpoint: str | None = None
+    subscribe: bool = True
+    """Ingest subscribes to `endpoint` as this worker. False: the registration only names a
+    worker kvsi already subscribes to (its publisher is configured or discovered)."""
+
+    @property
+    def worker(self) -> WorkerKey:
+        return WorkerKey(self.pod, self.dp_rank)
 
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -36,10 +36,12 @@ from store.model import (
     advance,
     decide,
 )
+from store.redis_instances import RedisInstances
 from store.redis_layout import (
     DEFAULT_PREFIX,
     WorkerKeys,
     decode_part,
+    decode_progress,
     decode_residency,
     hash_of,
     worker_member,
@@ -65,6 +67,13 @@ ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))
 """A command whose pooled connection turns out closed (Redis restarted since it was last
 used) runs once more on a new one: without it, every connection pooled before an outage
 fails one read after Redis is back. A timeout is not retried (a slow Redis stays slow)."""
+
+POOL_SIZE = 64
+"""Connections per standalone client unless the URL says `max_connections`. Beyond them a
+caller waits for one (up to POOL_WAIT seconds) instead of failing: a fleet of streams and a
+burst of API reads share the pool."""
+
+POOL_WAIT = 5.0
 
 _SKIPPED = ("duplicate", "previous_engine")
 _NO_MIRROR = "-"
@@ -105,7 +114,7 @@ class _Writer:
         self.mirror: Mirror | None = None
 
 
-class RedisStore(RedisReader):
+class RedisStore(RedisReader, RedisInstances):
     """IndexStore on Redis (`redis://`, `rediss://`) or Redis Cluster (`redis[s]+cluster://`)."""
 
     def __init__(
@@ -141,7 +150,9 @@ class RedisStore(RedisReader):
         `socket_timeout`): `prefix` (default `kvsi`) starts every key, so several fleets
         share one Redis; `registry_ttl` (seconds, default 1) is how long reads reuse the
         list of workers before asking Redis again (0: every read asks); `feed_length`
-        (default 1000) bounds each worker's change-feed stream (XADD MAXLEN ~).
+        (default 1000) bounds each worker's change-feed stream (XADD MAXLEN ~). redis-py's
+        own options pass through, e.g. `max_connections` (default POOL_SIZE here: callers
+        beyond it wait for a connection, up to POOL_WAIT seconds, rather than fail).
         """
         split = urlsplit(url)
         scheme = SCHEMES.get(split.scheme)
@@ -164,7 +175,11 @@ class RedisStore(RedisReader):
         if split.scheme.endswith("+cluster"):
             client = RedisCluster.from_url(rest)
         else:
-            client = Redis.from_url(rest, retry=ONE_RECONNECT)
+            client = Redis.from_pool(
+                BlockingConnectionPool.from_url(
+                    rest, retry=ONE_RECONNECT, max_connections=POOL_SIZE, timeout=POOL_WAIT
+                )
+            )
         use_hiredis_packing(client)
         return cls(client, prefix=prefix, registry_ttl=ttl, feed_length=feed_length)
 
@@ -331,7 +346,7 @@ class RedisStore(RedisReader):
             held = []
             for sid, raw in residencies.items():
                 t, counts = decode_residency(raw)
-                res = mirror.add_residency(sid.decode(), t)
+                res = mirror.add_residency(sid.decode(), t, decode_progress(raw))
                 for pid in counts:
                     pipe.smembers(keys.session(pid, res.session_id))
                     held.append((mirror.by_pid[pid], res))
@@ -419,6 +434,7 @@ class RedisStore(RedisReader):
                     status.batches_lost,
                     self._feed_length,
                     _RECORDS.encode(record),
+                    status.model or "",
                 ],
             ),
         )

@@ -7,6 +7,7 @@ The layout itself is described in store/README.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from store.model import U64_MASK, Hash, WorkerKey
 
@@ -137,9 +138,11 @@ def decode_part(raw: bytes) -> tuple[str, int]:
     return medium, int(group)
 
 
-def encode_residency(last_seen: float, counts: dict[int, int]) -> str:
-    """`<last_seen> <pid>:<count> ...`: a residency's time and its non-zero counts per part."""
-    return " ".join([repr(last_seen), *(f"{pid}:{n}" for pid, n in counts.items())])
+def encode_residency(last_seen: float, counts: dict[int, int], progress: str = "") -> str:
+    """`<last_seen><progress> <pid>:<count> ...`: a residency's time, what eviction took
+    (`encode_progress`) and its non-zero counts per part. A value holds a space exactly
+    when the residency holds blocks (expire.lua relies on it)."""
+    return " ".join([repr(last_seen) + progress, *(f"{pid}:{n}" for pid, n in counts.items())])
 
 
 def decode_residency(raw: bytes) -> tuple[float, dict[int, int]]:
@@ -148,4 +151,50 @@ def decode_residency(raw: bytes) -> tuple[float, dict[int, int]]:
     for item in counts:
         pid, _, n = item.partition(b":")
         out[int(pid)] = int(n)
-    return float(head), out
+    return float(head.partition(b";")[0]), out
+
+
+class Progress(NamedTuple):
+    """What a residency value says beyond its counts (`store.model.SessionOnWorker`): lost
+    blocks, block size, and the frontier's hash and position (`store.model.Frontier`)."""
+
+    lost: int = 0
+    block_size: int | None = None
+    frontier: Hash | None = None
+    position: int | None = None
+
+
+NO_PROGRESS = Progress()
+"""A residency nothing was lost from, with no store seen yet."""
+
+
+def encode_progress(
+    lost: int, block_size: int | None, frontier: Hash | None, position: int | None
+) -> str:
+    """`;<lost>;<block size>;<frontier hash>;<position>` (unknowns empty; a digest as `x` +
+    hex), or "" when all are unknown or zero: such a value reads as one written before these
+    fields were (lost 0, frontier unknown)."""
+    if not lost and block_size is None and frontier is None:
+        return ""
+    size = "" if block_size is None else block_size
+    text = "x" + frontier.hex() if isinstance(frontier, bytes) else frontier
+    return f";{lost};{size};{'' if text is None else text};{'' if position is None else position}"
+
+
+def decode_progress(raw: bytes) -> Progress:
+    """The `encode_progress` part of a residency value; a value without it: lost 0,
+    block size and frontier unknown."""
+    head = raw.split(b" ", 1)[0]
+    if b";" not in head:
+        return NO_PROGRESS
+    _, lost, size, text, at = head.split(b";")
+    frontier: Hash | None = None
+    if text:
+        frontier = bytes.fromhex(text[1:].decode()) if text[:1] == b"x" else int(text)
+    return Progress(int(lost), int(size) if size else None, frontier, int(at) if at else None)
+
+
+def instances_key(prefix: str) -> str:
+    """Dynamo registrations: a hash of `<instance_id>/<dp_rank>` -> msgpack
+    `store.model.DynamoInstance`; its own slot, one small key."""
+    return f"{prefix}:dynamo"

@@ -35,9 +35,12 @@ from store.model import (
 )
 from store.redis_layout import (
     BUCKETS,
+    NO_PROGRESS,
+    Progress,
     WorkerKeys,
     bucket,
     encode_part,
+    encode_progress,
     encode_residency,
     members,
 )
@@ -108,11 +111,23 @@ class Part:
 
 
 class Residency:
-    """One session on this worker: blocks per part, and when it last stored here."""
+    """One session on this worker: blocks per part, when it last stored here, and what
+    eviction took since (`store.model.SessionOnWorker`)."""
 
-    __slots__ = ("counts", "keys", "session_id", "t", "total", "tr")
+    __slots__ = (
+        "block_size",
+        "counts",
+        "frontier",
+        "keys",
+        "lost",
+        "position",
+        "session_id",
+        "t",
+        "total",
+        "tr",
+    )
 
-    def __init__(self, session_id: str, t: float = 0.0) -> None:
+    def __init__(self, session_id: str, t: float = 0.0, progress: Progress = NO_PROGRESS) -> None:
         self.session_id = session_id
         self.t = t
         self.tr = repr(t)
@@ -121,6 +136,17 @@ class Residency:
         self.total = 0
         self.keys: dict[int, str] = {}
         """Set key per part id, built once (key strings cost more than the set operations)."""
+        self.lost = progress.lost
+        self.block_size = progress.block_size
+        self.frontier = progress.frontier
+        self.position = progress.position
+
+    def value(self) -> str:
+        """The residency hash's value (`redis_layout.encode_residency`)."""
+        progress = encode_progress(self.lost, self.block_size, self.frontier, self.position)
+        if self.total == self.counts.get(0):  # one part, the first: the common case
+            return f"{self.tr}{progress} 0:{self.total}"
+        return encode_residency(self.t, self.counts, progress)
 
 
 class _Delta:
@@ -186,8 +212,10 @@ class Mirror:
         part = self.parts[(medium, group)] = self.by_pid[pid] = Part(self.keys, pid, medium, group)
         return part
 
-    def add_residency(self, session_id: str, t: float) -> Residency:
-        res = self.res[session_id] = Residency(session_id, t)
+    def add_residency(
+        self, session_id: str, t: float, progress: Progress = NO_PROGRESS
+    ) -> Residency:
+        res = self.res[session_id] = Residency(session_id, t, progress)
         return res
 
     def hold(self, part: Part, res: Residency, hashes: Iterable[Hash]) -> None:
@@ -248,13 +276,10 @@ class Mirror:
         if touched:
             args: list[Arg] = []
             for sid, res in touched.items():
-                if res.total == res.counts.get(0):  # one part, the first: the common case
-                    args += (sid, f"{res.tr} 0:{res.total}")
-                else:
-                    args += (sid, encode_residency(res.t, res.counts))
+                args += (sid, res.value())
             plan.call(HSET, self.keys.res, args)
         if self._delta or self._closed:
-            self._feed_in(plan, ts)
+            self._feed_in(plan, ts, losses=True)
         self._finish(
             plan,
             token,
@@ -310,10 +335,23 @@ class Mirror:
             touched[res.session_id] = res
         sid = res.session_id
         stored[sid] = None
+        touched[sid] = res  # its lost blocks and frontier change with every store
         if ts > res.t:
             res.t = ts
             res.tr = tr
-            touched[sid] = res
+        res.lost = 0
+        if event.block_size is not None:
+            res.block_size = event.block_size
+        if hashes:  # store.model.Frontier's rules, inlined as in store.memory
+            parent = event.parent_block_hash
+            if parent is None:
+                res.position = len(hashes) - 1
+            elif parent == res.frontier:
+                if res.position is not None:
+                    res.position += len(hashes)
+            elif hashes[-1] != res.frontier:
+                res.position = None
+            res.frontier = hashes[-1]
         added: list[Hash] = []
         fresh: list[Hash] = []
         adopted: list[Hash] | None = None
@@ -349,7 +387,6 @@ class Mirror:
                 self.nonempty += 1
             res.total += n
             res.counts[pid] = res.counts.get(pid, 0) + n
-            touched[sid] = res
             delta = self._delta.get(sid)
             if delta is None:
                 self._delta[sid] = [n, 0]
@@ -414,6 +451,7 @@ class Mirror:
             else:
                 del res.counts[pid]
             res.total -= n
+            res.lost += n
             if not res.total:
                 self.nonempty -= 1
             touched[res.session_id] = res
@@ -441,7 +479,7 @@ class Mirror:
         d = _Delta()
         self._clear(d)
         plan.delete(d.deletes)
-        touched.clear()
+        touched.update(d.touched)
 
     def mark_unconfirmed(self, token: str) -> tuple[Plan, int]:
         """Copy every part's entries to its unconfirmed set (SUNIONSTORE, server side)."""
@@ -470,24 +508,26 @@ class Mirror:
                 dropped += len(gone)
                 self._remove_hashes(d, part, gone)
                 d.deletes.append(part.ukey)
-        return self._plan(d, token, "", []), dropped
+        return self._plan(d, token, "", [], losses=False), dropped
 
     def clear(self, token: str) -> Plan:
-        """Drop every entry and residency; fence, parts and the seen sessions stay. Every
-        residency holding blocks ends in the change feed with 0 blocks."""
+        """Drop every entry; fence, parts and the seen sessions stay, and every residency
+        holds its blocks as lost (`_clear`). Every residency holding blocks ends in the
+        change feed with 0 blocks."""
         d = _Delta()
         self._delta = {}
         self._closed = [(sid, 0, r.total, 0) for sid, r in self.res.items() if r.total]
         self._clear(d)
-        return self._plan(d, token, "", [])
+        return self._plan(d, token, "", [], losses=True)
 
     def remove(self) -> Plan:
         """Delete every key of the worker."""
         d = _Delta()
         self._clear(d)
+        self.res.clear()
         keys = self.keys
         plan = Plan(keys)
-        plan.delete([*d.deletes, keys.meta, keys.vlog, keys.parts, keys.seen, keys.feed])
+        plan.delete([*d.deletes, keys.meta, keys.vlog, keys.parts, keys.seen, keys.res, keys.feed])
         return plan
 
     def idle(self, older_than: float) -> list[str]:
@@ -544,9 +584,10 @@ class Mirror:
                 else:
                     delta[1] += 1
 
-    def _feed_in(self, plan: Plan, ts: float) -> None:
+    def _feed_in(self, plan: Plan, ts: float, *, losses: bool) -> None:
         """The batch's change-feed record, as store.memory publishes it: one row per session
-        whose blocks changed, (session, added, removed, blocks now), sorted."""
+        whose blocks changed, (session, added, removed, blocks now), sorted (`losses`: see
+        `FeedRecord.losses`)."""
         res = self.res
         rows = sorted(
             [
@@ -558,7 +599,7 @@ class Mirror:
         self._closed = []
         if rows:
             worker = self.keys.worker
-            record = FeedRecord(worker.pod, worker.dp_rank, ts, tuple(rows))
+            record = FeedRecord(worker.pod, worker.dp_rank, ts, tuple(rows), losses=losses)
             plan.call(
                 XADD,
                 self.keys.feed,
@@ -566,22 +607,27 @@ class Mirror:
             )
 
     def _clear(self, d: _Delta) -> None:
+        """Every entry gone; the residencies stay, their blocks counted as lost (the engine's
+        cache emptied: a next turn prefills them again), and those that held blocks go to
+        `d.touched` to be written again. Those without blocks are unchanged."""
         # Keys touched earlier in this write may exist in Redis with members this copy no
         # longer lists (a removal before the clear), so they are deleted too.
         d.deletes.extend(d.sets)
-        for res in self.res.values():
-            d.deletes.extend(self._key(res, pid) for pid in res.counts)
+        for sid, res in self.res.items():
+            if res.counts:
+                d.deletes.extend(self._key(res, pid) for pid in res.counts)
+                res.counts.clear()
+                res.lost += res.total
+                res.total = 0
+                d.touched[sid] = res
         for part in self.by_pid.values():
             d.deletes += (part.okey, part.ukey)
             d.deletes += part.ekeys
             part.holders.clear()
             part.pending.clear()
-        d.deletes.append(self.keys.res)
-        self.res.clear()
         self.nonempty = 0
         d.sets.clear()
         d.pending.clear()
-        d.touched.clear()
 
     def _build_index(self, plan: Plan) -> None:
         """The whole entry index, from the holders: once per worker written before it existed
@@ -602,7 +648,7 @@ class Mirror:
     def _unconfirmed(self) -> int:
         return sum(len(p.pending) for p in self.by_pid.values())
 
-    def _plan(self, d: _Delta, token: str, name: str, meta: list[Arg]) -> Plan:
+    def _plan(self, d: _Delta, token: str, name: str, meta: list[Arg], *, losses: bool) -> Plan:
         keys = self.keys
         plan = Plan(keys)
         if d.deletes:
@@ -625,14 +671,12 @@ class Mirror:
         if d.touched:
             args: list[Arg] = []
             for sid, res in d.touched.items():
-                if res.total == res.counts.get(0):  # one part, the first: the common case
-                    args += (sid, f"{res.t!r} 0:{res.total}")
-                else:
-                    args += (sid, encode_residency(res.t, res.counts))
+                args += (sid, res.value())
             call(HSET, keys.res, args)
         if self._delta or self._closed:
             # A change no batch made: the worker's last engine time, as store.memory has it.
-            self._feed_in(plan, self.fence.last_ts if self.fence is not None else time.time())
+            t = self.fence.last_ts if self.fence is not None else time.time()
+            self._feed_in(plan, t, losses=losses)
         self._finish(plan, token, name, meta)
         return plan
 

@@ -8,6 +8,7 @@ each), and never SCAN the keyspace. Layout: store/README.md.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Iterable, Sequence
 from importlib import resources
@@ -19,24 +20,30 @@ from redis.exceptions import NoScriptError
 from store.feed import FeedHub
 from store.model import (
     Fence,
+    Frontier,
     Hash,
     Page,
     SessionOnWorker,
     SessionSummary,
     SessionView,
     WorkerKey,
+    WorkerLosses,
     WorkerState,
     WorkerStatus,
     WorkerView,
+    reprefill_tokens,
+    tally_losses,
 )
 from store.paging import decode_session_cursor, encode_session_cursor, page_hashes
 from store.redis_feed import FeedPump, stream_ends
 from store.redis_layout import (
     META_FENCE,
+    Progress,
     WorkerKeys,
     bucket,
     check_prefix,
     decode_part,
+    decode_progress,
     decode_residency,
     hash_of,
     member,
@@ -95,6 +102,32 @@ def _by_medium(counts: dict[int, int], parts: dict[bytes, bytes]) -> dict[str, i
     return out
 
 
+def _on_worker(
+    w: WorkerKey, last_seen: float, by_medium: dict[str, int], progress: Progress
+) -> SessionOnWorker:
+    h = progress.frontier
+    return SessionOnWorker(
+        pod=w.pod,
+        dp_rank=w.dp_rank,
+        blocks=sum(by_medium.values()),
+        by_medium=by_medium,
+        last_seen=last_seen,
+        lost_blocks=progress.lost,
+        reprefill_tokens=reprefill_tokens(progress.lost, progress.block_size),
+        frontier=None if h is None else Frontier(h, progress.position),
+    )
+
+
+def _state(raw: bytes | None) -> WorkerState:
+    """A worker's state field; a worker with no status written yet is connecting."""
+    return WorkerState(raw.decode()) if raw else WorkerState.CONNECTING
+
+
+def _text(raw: bytes | None) -> str | None:
+    """An optional text field of a meta hash (absent: None)."""
+    return None if raw is None else raw.decode()
+
+
 def _hashes(found: Iterable[Iterable[bytes]]) -> set[Hash]:
     return {hash_of(m) for members in found for m in members}
 
@@ -118,6 +151,8 @@ class RedisReader:
         self._prefix_script = client.register_script(lua("prefix"))
         self._part_counts: dict[WorkerKey, int] = {}
         """Parts per worker as prefix.lua last saw them (parts only grow until removal)."""
+        self._states: dict[WorkerKey, WorkerState] = {}
+        self._states_at = -math.inf
         self._hub = FeedHub()
         self._pump: FeedPump | None = None
         self._pump_lock = asyncio.Lock()
@@ -154,9 +189,42 @@ class RedisReader:
         return fence_of(dict(zip((f.encode() for f in fields), values, strict=True)))
 
     async def get_session(self, session_id: str) -> SessionView | None:
-        """ZSCORE, HGET and HGETALL of the (small) parts hash per registered worker, and a
-        ZSCORE of the retired record, in one pipeline: one round trip per Redis node.
-        O(workers)."""
+        """Two pipelined rounds (one round trip per Redis node each): where the session is
+        (`_locate`), then the parts hash of each worker holding some of it, to name the
+        media. O(workers), then O(workers holding it)."""
+        found = await self._locate(session_id)
+        if found is None:
+            return None
+        last_seen, residencies = found
+        held = []
+        views = []
+        pipe = self._pipeline()
+        for w, raw in residencies:
+            t, counts = decode_residency(raw)
+            progress = decode_progress(raw)
+            if counts:
+                held.append((w, t, counts, progress))
+                pipe.hgetall(self.worker_keys(w).parts)
+            elif progress.lost:  # no blocks left, but eviction took some: shown
+                views.append(_on_worker(w, t, {}, progress))
+        replies = await pipe.execute() if held else []
+        for (w, t, counts, progress), parts in zip(held, replies, strict=True):
+            by_medium = _by_medium(counts, parts)
+            if by_medium is not None:
+                views.append(_on_worker(w, t, by_medium, progress))
+        views.sort(key=lambda s: (-s.blocks, s.pod, s.dp_rank))
+        return SessionView(
+            session_id=session_id,
+            total_blocks=sum(v.blocks for v in views),
+            last_seen=last_seen,
+            workers=views,
+        )
+
+    async def _locate(self, session_id: str) -> tuple[float, list[tuple[WorkerKey, bytes]]] | None:
+        """The session's last_seen and its raw residency per worker holding a record of it;
+        None if never seen. ZSCORE of the retired record, ZSCORE and HGET per registered
+        worker, in one pipeline. The parts hashes are left out: a session sits on a few of
+        the workers, and reading every worker's made a third of a fleet-wide query."""
         workers = await self._known()
         pipe = self._pipeline()
         pipe.zscore(self._retired_key, session_id)
@@ -164,34 +232,14 @@ class RedisReader:
             keys = self.worker_keys(w)
             pipe.zscore(keys.seen, session_id)
             pipe.hget(keys.res, session_id)
-            pipe.hgetall(keys.parts)
         retired, *out = await pipe.execute()
-        scores = [s for s in [retired, *out[0::3]] if s is not None]
+        scores = [s for s in [retired, *out[0::2]] if s is not None]
         if not scores:
             return None
-        views = []
-        for w, raw, parts in zip(workers, out[1::3], out[2::3], strict=True):
-            if raw is None:
-                continue
-            t, counts = decode_residency(raw)
-            by_medium = _by_medium(counts, parts)
-            if counts and by_medium is not None:
-                views.append(
-                    SessionOnWorker(
-                        pod=w.pod,
-                        dp_rank=w.dp_rank,
-                        blocks=sum(counts.values()),
-                        by_medium=by_medium,
-                        last_seen=t,
-                    )
-                )
-        views.sort(key=lambda s: (-s.blocks, s.pod, s.dp_rank))
-        return SessionView(
-            session_id=session_id,
-            total_blocks=sum(v.blocks for v in views),
-            last_seen=-min(scores),
-            workers=views,
-        )
+        residencies = [
+            (w, raw) for w, raw in zip(workers, out[1::2], strict=True) if raw is not None
+        ]
+        return -min(scores), residencies
 
     async def session_blocks(
         self,
@@ -393,7 +441,6 @@ class RedisReader:
                 continue  # removed by another process since the registry was read
             fence = fence_of(meta)
             event_at = meta.get(b"event_at")
-            state = meta.get(b"state")
             views.append(
                 WorkerView(
                     pod=w.pod,
@@ -403,15 +450,80 @@ class RedisReader:
                     last_seq=fence.seq if fence else None,
                     last_event_at=float(event_at) if event_at is not None else None,
                     status=WorkerStatus(
-                        state=WorkerState(state.decode()) if state else WorkerState.CONNECTING,
+                        state=_state(meta.get(b"state")),
                         since=float(meta.get(b"since", 0.0)),
                         detail=meta.get(b"detail", b"").decode(),
                         batches_lost=int(meta.get(b"lost", 0)),
+                        model=_text(meta.get(b"model")),
                     ),
                     unconfirmed=int(meta.get(b"unconfirmed", 0)),
                 )
             )
+        self._keep_states({WorkerKey(v.pod, v.dp_rank): v.status.state for v in views})
         return views
+
+    async def worker_models(self) -> dict[WorkerKey, str | None]:
+        """HGET of each registered worker's model, pipelined (one round trip per node; not
+        cached: only routes restricted to a model ask). O(workers)."""
+        workers = await self._known()
+        if not workers:
+            return {}
+        pipe = self._pipeline()
+        for w in workers:
+            meta = self.worker_keys(w).meta
+            pipe.exists(meta)
+            pipe.hget(meta, "model")
+        out = await pipe.execute()
+        return {
+            w: _text(model)
+            for w, exists, model in zip(workers, out[0::2], out[1::2], strict=True)
+            if exists  # else removed by another process since the registry was read
+        }
+
+    async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
+        """HVALS of each registered worker's residencies, pipelined (one round trip per node),
+        summed here: O(residencies), for the metrics refresher, never per request."""
+        workers = await self._known()
+        if not workers:
+            return {}
+        pipe = self._pipeline()
+        for w in workers:
+            keys = self.worker_keys(w)
+            pipe.exists(keys.meta)
+            pipe.hvals(keys.res)
+        out = await pipe.execute()
+        return {
+            w: tally_losses(decode_progress(raw)[:2] for raw in values)
+            for w, exists, values in zip(workers, out[0::2], out[1::2], strict=True)
+            if exists  # else removed by another process since the registry was read
+        }
+
+    async def worker_states(self) -> dict[WorkerKey, WorkerState]:
+        """The state in each registered worker's meta (HGET and EXISTS, pipelined), reused
+        for `registry_ttl` as the registry is: a session view or a route then costs no round
+        trip for them. Refreshed at once for a worker the cache lacks, and by list_workers.
+        O(workers) per refresh."""
+        workers = await self._known()
+        stale = time.monotonic() - self._states_at >= self._registry_ttl
+        if stale or any(w not in self._states for w in workers):
+            pipe = self._pipeline()
+            for w in workers:
+                meta = self.worker_keys(w).meta
+                pipe.exists(meta)
+                pipe.hget(meta, "state")
+            out = await pipe.execute()
+            self._keep_states(
+                {
+                    w: _state(state)
+                    for w, exists, state in zip(workers, out[0::2], out[1::2], strict=True)
+                    if exists  # else removed by another process since the registry was read
+                }
+            )
+        return {w: self._states[w] for w in workers if w in self._states}
+
+    def _keep_states(self, states: dict[WorkerKey, WorkerState]) -> None:
+        self._states = states
+        self._states_at = time.monotonic()
 
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None

@@ -29,7 +29,8 @@ that is not UTF-8 (the generic decoder's error), and nesting deeper than msgspec
 
 
 class _IngestStored(BlocksStored, frozen=True, tag="BlockStored", tag_field="type"):
-    """BlockStored read straight into the store's event, unused fields skipped."""
+    """BlockStored read straight into the store's event, unused fields skipped (the parent
+    hash and block size are read: they place and size what eviction takes from a session)."""
 
 
 class _IngestRemoved(BlocksRemoved, frozen=True, tag="BlockRemoved", tag_field="type"):
@@ -167,7 +168,14 @@ def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
     """Positional events: the only ones that can carry signed hashes (before 0.10.2)."""
     if isinstance(event, wire.ArrayBlockStored):
         hashes = [canonical_hash(h) for h in event.block_hashes]
-        return BlocksStored(hashes, event.medium, event.group_idx)
+        parent = event.parent_block_hash
+        return BlocksStored(
+            hashes,
+            event.medium,
+            event.group_idx,
+            parent_block_hash=None if parent is None else canonical_hash(parent),
+            block_size=event.block_size,
+        )
     if isinstance(event, wire.ArrayBlockRemoved):
         hashes = [canonical_hash(h) for h in event.block_hashes]
         return BlocksRemoved(hashes, event.medium, event.group_idx)

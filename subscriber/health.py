@@ -22,8 +22,10 @@ class WorkerHealth:
     applied after the gap: the worker is empty, then rebuilt from events alone).
     """
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, model: str | None = None) -> None:
         self._endpoint = endpoint
+        self.model = model
+        """The model the worker serves, stored with its status; None: unknown so far."""
         self.connected: bool | None = None
         """None until the publisher's socket first connects."""
         self._lost: str | None = None
@@ -65,7 +67,14 @@ class WorkerHealth:
             detail = f"connecting to {self._endpoint}"
         else:
             detail = ""
-        return WorkerStatus(self._state, self._since, detail, self.batches_lost)
+        return WorkerStatus(self._state, self._since, detail, self.batches_lost, self.model)
+
+    def name_model(self, model: str | None) -> None:
+        """The publisher's topic named the worker's model (None: it named none)."""
+        if model is not None and model != self.model:
+            self.model = model
+            self.version += 1
+            self.changed.set()
 
     def connect(self, connected: bool) -> None:
         """The publisher's socket connected or disconnected."""

@@ -70,7 +70,9 @@ class StreamPool:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks = {}
-        self._ctx.term()
+        # destroy, not term: a socket a cancelled task did not get to close (an interrupt
+        # landing mid-cleanup) would make term() wait forever; destroy closes them first.
+        self._ctx.destroy(linger=0)
 
     def readiness_reasons(self) -> list[str]:
         """Why ingest keeps the service from being ready: store outage, buffering, repairs."""

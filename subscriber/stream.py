@@ -45,6 +45,7 @@ from subscriber.gate import StoreGate
 from subscriber.health import WorkerHealth
 from subscriber.inbox import Inbox
 from subscriber.replay import ReplayClient, ReplayFailedError, ReplayReport
+from subscriber.topic import model_of_topic
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +76,8 @@ class PublisherSpec:
     """Rank assumed until a batch names its own `data_parallel_rank`."""
     topic: str = ""
     """ZMQ prefix filter; vLLM's topic is often `kv@<pod>@<model>`."""
+    model: str | None = None
+    """The model the worker serves; None: the one its topic names, if any."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class WorkerStream:
         self._applied_any = False
         self._forget: WorkerKey | None = None
         self.inbox = Inbox(self._options.queue_size)
-        self.health = WorkerHealth(spec.endpoint)
+        self.health = WorkerHealth(spec.endpoint, spec.model or model_of_topic(spec.topic))
         self.counters = metrics.WorkerCounters(str(self.worker))
         self._log = log.bind(pod=spec.pod, worker=str(self.worker), dp_rank=spec.dp_rank)
         self._replay: ReplayClient | None = None
@@ -194,10 +197,17 @@ class WorkerStream:
             metrics.INGEST.untrack(self)
 
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
-        """SUB -> inbox, never waiting on anything else (see inbox.py for why)."""
+        """SUB -> inbox, never waiting on anything else (see inbox.py for why). A topic frame
+        unlike the last one names the worker's model, unless the configuration set it."""
         put = self.inbox.put
+        learn = self.spec.model is None
+        topic = b""
         while True:
-            if not put(await sock.recv_multipart()):
+            frames = await sock.recv_multipart()
+            if learn and frames[0] != topic:
+                topic = frames[0]
+                self.health.name_model(model_of_topic(topic))
+            if not put(frames):
                 self._overflowed()
 
     async def _apply_forever(self) -> None:

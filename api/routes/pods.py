@@ -43,6 +43,7 @@ async def list_pods(reader: Reader) -> PodList:
                 state_detail=w.status.detail,
                 batches_lost=w.status.batches_lost,
                 last_event_at=w.last_event_at,
+                model=w.model,
             )
             for w in await reader.list_workers()
         ]

@@ -9,14 +9,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Response
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 import hashing
+from api.dynamo_headers import routing_headers
+from api.hints import Hint, HintFormat, route_hint
 from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN
 from api.ranking import Evidence, Weights, rank
 from api.reader import IndexReader, get_reader
-from api.schemas import ErrorResponse
+from api.routes.hints import Options
+from api.schemas import ErrorResponse, json_response
 from store.model import Hash, WorkerKey, WorkerState, parse_hash
 
 router = APIRouter(prefix="/v1", tags=["routing"])
@@ -32,7 +35,8 @@ SCORE_DOC = """\
 Ranks candidate workers (pods and data-parallel ranks) for a session's next request.
 
 Give `session_id`, the prompt (`block_hashes`, or `token_ids` with the engine's `hashing`
-parameters), or both. Candidates default to every worker that is not `disconnected`.
+parameters), or both. Candidates default to every worker that is not `disconnected`; with
+`model`, only those serving it (workers whose model is unknown are left out).
 
 **Score.** weight(m) is the request's per-medium weight (defaults GPU 1.0, CPU 0.8, any other
 medium 0.5).
@@ -103,6 +107,18 @@ class RouteRequest(BaseModel):
         max_length=16,
         description='Per-medium weights, e.g. {"GPU": 1.0, "CPU": 0.8}.',
     )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Rank only workers serving this model (named by their topic "
+        "`kv@<pod>@<model>` or configured); workers whose model is unknown are left out.",
+    )
+    hint: HintFormat | None = Field(
+        default=None,
+        description="Also answer `hint`: the header that sends the request to the first "
+        "worker (`llm-d`: llm-d's x-session-token; `label`: the pod's name).",
+    )
 
     @field_validator("block_hashes")
     @classmethod
@@ -141,6 +157,12 @@ class RankedWorker(BaseModel):
     prefix_blocks: int = Field(description="Prompt blocks held, as a run from the first.")
     by_medium: dict[str, int] = Field(description="`session_blocks` split by medium.")
     state: WorkerState = Field(description="Only `live` means the numbers are exact.")
+    dynamo_headers: dict[str, str] | None = Field(
+        default=None,
+        description="Headers that make Dynamo's frontend send the request straight to this "
+        "worker (`x-worker-instance-id`, `x-dp-rank`), when it is registered with a Dynamo "
+        "instance id (`POST /register` of the Dynamo API); null otherwise.",
+    )
 
 
 class RouteResponse(BaseModel):
@@ -148,6 +170,12 @@ class RouteResponse(BaseModel):
     prompt_blocks: int = Field(description="Full blocks in the prompt (hashes ranked against).")
     block_hashes: list[str] | None = Field(
         None, description="The hashes computed from `token_ids`, when given."
+    )
+    hint: Hint | None = Field(
+        None,
+        description="With `hint` asked: the first worker as the header to set "
+        "(docs/routers/llm-d.md); null when not asked, or no worker holds any of the "
+        "session or the prompt.",
     )
 
 
@@ -157,37 +185,48 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/route", responses=_ERRORS, description=SCORE_DOC)
-async def route(body: RouteRequest, reader: Reader) -> RouteResponse:
+@router.post("/route", responses=_ERRORS, description=SCORE_DOC, response_model=RouteResponse)
+async def route(body: RouteRequest, reader: Reader, hint_options: Options) -> Response:
     """Rank workers for the next request of a session."""
     hashes, computed = _prompt_hashes(body)
-    workers = {WorkerKey(w.pod, w.dp_rank): w.status.state for w in await reader.list_workers()}
-    keys = _candidates(body.candidates, workers)
+    states = await reader.worker_states()
+    keys = _candidates(body.candidates, states)
+    if body.model is not None:
+        models = await reader.worker_models()
+        keys = [k for k in keys if models.get(k) == body.model]
     prefix = await reader.match_prefix(hashes, keys) if hashes else {}
     by_session: dict[WorkerKey, dict[str, int]] = {}
     if body.session_id is not None:
         view = await reader.get_session(body.session_id)
         for w in view.workers if view else []:
             by_session[WorkerKey(w.pod, w.dp_rank)] = w.by_medium
-    evidence = [
-        Evidence(key, workers[key], by_session.get(key, {}), prefix.get(key, [])) for key in keys
-    ]
-    ranked = rank(evidence, Weights(body.weights), by_prompt=hashes is not None)
-    return RouteResponse(
-        ranking=[
-            RankedWorker(
-                pod=r.worker.pod,
-                dp_rank=r.worker.dp_rank,
-                score=r.score,
-                session_blocks=r.session_blocks,
-                prefix_blocks=r.prefix_blocks,
-                by_medium=r.by_medium,
-                state=WorkerState(r.state),
-            )
-            for r in ranked[: body.limit]
-        ],
-        prompt_blocks=len(hashes or []),
-        block_hashes=computed,
+    ranked = rank(
+        keys,
+        Evidence(states, by_session, prefix),
+        Weights(body.weights),
+        by_prompt=hashes is not None,
+        limit=body.limit,
+    )
+    headers = routing_headers(await reader.instances())
+    return json_response(
+        {
+            "ranking": [
+                {
+                    "pod": r.worker.pod,
+                    "dp_rank": r.worker.dp_rank,
+                    "score": r.score,
+                    "session_blocks": r.session_blocks,
+                    "prefix_blocks": r.prefix_blocks,
+                    "by_medium": r.by_medium,
+                    "state": r.state,
+                    "dynamo_headers": headers.get(r.worker),
+                }
+                for r in ranked
+            ],
+            "prompt_blocks": len(hashes or []),
+            "block_hashes": computed,
+            "hint": route_hint(body.hint, hint_options, ranked),
+        }
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from api.params import SessionBlocksQuery, SessionId, SessionListQuery
 from api.reader import IndexReader, get_reader
@@ -15,11 +15,11 @@ from api.schemas import (
     BlockPage,
     ErrorResponse,
     SessionList,
-    SessionPod,
     SessionResponse,
     SessionSummary,
+    json_response,
 )
-from store.model import format_hash
+from store.model import Frontier, WorkerKey, format_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -38,6 +38,12 @@ def _not_found(session_id: str) -> HTTPException:
     return HTTPException(
         status_code=404, detail=f"session {session_id!r} not found (never seen, or aged out)"
     )
+
+
+def _frontier(frontier: Frontier | None) -> dict[str, Any] | None:
+    if frontier is None:
+        return None
+    return {"block_hash": format_hash(frontier.block_hash), "position": frontier.position}
 
 
 @router.get("", responses=_ERRORS)
@@ -59,34 +65,41 @@ async def list_sessions(reader: Reader, query: Annotated[SessionListQuery, Query
     )
 
 
-@router.get("/{session_id}", responses=_ERRORS | _NOT_FOUND)
-async def get_session(session_id: SessionId, reader: Reader) -> SessionResponse:
+@router.get("/{session_id}", responses=_ERRORS | _NOT_FOUND, response_model=SessionResponse)
+async def get_session(session_id: SessionId, reader: Reader) -> Response:
     """Where the session's blocks are resident now, worker by worker, most blocks first.
 
     Each worker carries its stream `state`: counts from a worker that is not `live` (a gap
     that replay could not repair, a disconnect) may be stale, and a router should say so
-    rather than trust them.
+    rather than trust them. Each also says what eviction took there since the session last
+    stored there (`lost_blocks`, `reprefill_tokens`; a worker that lost all of it is still
+    listed, with 0 blocks) and its `frontier`, the block it stored last.
     """
     view = await reader.get_session(session_id)
     if view is None:
         raise _not_found(session_id)
-    # One list_workers call, after the 404 check so unknown sessions cost one store call.
-    states = {(w.pod, w.dp_rank): w.status.state for w in await reader.list_workers()}
-    return SessionResponse(
-        session_id=view.session_id,
-        total_blocks=view.total_blocks,
-        last_seen=view.last_seen,
-        pods=[
-            SessionPod(
-                pod=w.pod,
-                dp_rank=w.dp_rank,
-                blocks=w.blocks,
-                by_medium=w.by_medium,
-                last_seen=w.last_seen,
-                state=states.get((w.pod, w.dp_rank)),
-            )
-            for w in view.workers
-        ],
+    # After the 404 check, so unknown sessions cost one store call.
+    states = await reader.worker_states()
+    return json_response(
+        {
+            "session_id": view.session_id,
+            "total_blocks": view.total_blocks,
+            "last_seen": view.last_seen,
+            "pods": [
+                {
+                    "pod": w.pod,
+                    "dp_rank": w.dp_rank,
+                    "blocks": w.blocks,
+                    "by_medium": w.by_medium,
+                    "last_seen": w.last_seen,
+                    "state": states.get(WorkerKey(w.pod, w.dp_rank)),
+                    "lost_blocks": w.lost_blocks,
+                    "reprefill_tokens": w.reprefill_tokens,
+                    "frontier": _frontier(w.frontier),
+                }
+                for w in view.workers
+            ],
+        }
     )
 
 

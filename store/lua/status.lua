@@ -1,14 +1,20 @@
 -- A worker's stream health, and its change-feed record when the state or detail changed.
--- KEYS[1]    the worker's meta hash (fields state, since, detail, lost)
+-- KEYS[1]    the worker's meta hash (fields state, since, detail, lost, model)
 -- KEYS[2]    the worker's feed stream
 -- ARGV[1..4] state, since, detail, lost
 -- ARGV[5]    the feed stream's length bound (XADD MAXLEN ~)
 -- ARGV[6]    the record to add if (state, detail) changed (msgpack store.feed.FeedRecord)
+-- ARGV[7]    the worker's model; "" when unknown (the field is removed)
 -- An absent state reads as "connecting" with an empty detail, as a new worker's status.
 -- Returns 1 if the record was added, else 0.
 local old = redis.call('HMGET', KEYS[1], 'state', 'detail')
 local state, detail = old[1] or 'connecting', old[2] or ''
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'detail', ARGV[3], 'lost', ARGV[4])
+if ARGV[7] == '' then
+  redis.call('HDEL', KEYS[1], 'model')
+else
+  redis.call('HSET', KEYS[1], 'model', ARGV[7])
+end
 if state == ARGV[1] and detail == ARGV[3] then
   return 0
 end

@@ -18,6 +18,7 @@ ROUTES = {
     "/v1/sessions": {"get"},
     "/v1/sessions/{session_id}": {"get"},
     "/v1/sessions/{session_id}/blocks": {"get"},
+    "/v1/sessions/{session_id}/hint": {"get"},
     "/v1/pods": {"get"},
     "/v1/pods/{pod}/blocks": {"get"},
     "/healthz": {"get"},

@@ -16,6 +16,7 @@ from store.model import (
     SessionSummary,
     SessionView,
     WorkerKey,
+    WorkerState,
     WorkerView,
 )
 from tests.api.harness import client_over, get_json
@@ -76,7 +77,7 @@ async def test_store_failure_is_503_and_logged(
 
 async def test_session_view_is_503_when_the_worker_states_cannot_be_read() -> None:
     class StatesDown(MemoryStore):
-        async def list_workers(self) -> list[WorkerView]:
+        async def worker_states(self) -> dict[WorkerKey, WorkerState]:
             raise ConnectionError("gone")
 
     store = StatesDown()

@@ -21,7 +21,9 @@ async def test_pods_list_every_worker_by_pod_then_rank_with_its_health(
     await feed(A0, 3.0, BlocksStored([1], session_id="s"), BlocksStored([2], session_id="t"))
     await store.set_status(
         A1,
-        WorkerStatus(state=WorkerState.DEGRADED, since=1234.5, detail="gap 7..9", batches_lost=3),
+        WorkerStatus(
+            state=WorkerState.DEGRADED, since=1234.5, detail="gap 7..9", batches_lost=3, model="m"
+        ),
     )
     await store.set_status(B0, WorkerStatus(state=WorkerState.DISCONNECTED, since=99.0))
 
@@ -41,6 +43,7 @@ async def test_pods_list_every_worker_by_pod_then_rank_with_its_health(
         "state_since": 1234.5,
         "state_detail": "gap 7..9",
         "batches_lost": 3,
+        "model": "m",
     }
     # Registered by its status only: no batch applied yet.
     assert (b0["last_seq"], b0["last_event_at"], b0["blocks"]) == (None, None, 0)

@@ -13,7 +13,6 @@ from store.model import (
     WorkerKey,
     WorkerState,
     WorkerStatus,
-    WorkerView,
     format_hash,
 )
 from tests.api.harness import (
@@ -60,6 +59,9 @@ async def test_session_view_counts_residency_per_worker_and_medium(
                 "by_medium": {"GPU": 2, "CPU": 1},
                 "last_seen": 100.0,
                 "state": "connecting",
+                "lost_blocks": 1,
+                "reprefill_tokens": None,  # no block size in these events
+                "frontier": {"block_hash": "4", "position": 0},
             },
             {
                 "pod": "vllm-1",
@@ -68,6 +70,9 @@ async def test_session_view_counts_residency_per_worker_and_medium(
                 "by_medium": {"GPU": 1},
                 "last_seen": 103.0,
                 "state": "degraded",
+                "lost_blocks": 0,  # the clear took 2, the store after it reset the count
+                "reprefill_tokens": None,
+                "frontier": {"block_hash": "12", "position": 0},
             },
         ],
     }
@@ -76,18 +81,23 @@ async def test_session_view_counts_residency_per_worker_and_medium(
 async def test_session_with_every_block_evicted_is_found_with_zero_blocks(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 100.0, BlocksStored([1, 2], session_id="s"))
+    await feed(A, 100.0, BlocksStored([1, 2], session_id="s", block_size=16))
     await feed(A, 101.0, BlocksRemoved([1, 2]))
 
     body = await get_json(client, "/v1/sessions/s")
 
-    assert (body["total_blocks"], body["pods"], body["last_seen"]) == (0, [], 100.0)
+    assert (body["total_blocks"], body["last_seen"]) == (0, 100.0)
+    # The worker that lost it all is still listed: what a next turn there prefills again.
+    (pod,) = body["pods"]
+    assert (pod["pod"], pod["blocks"], pod["by_medium"]) == ("vllm-0", 0, {})
+    assert (pod["lost_blocks"], pod["reprefill_tokens"]) == (2, 32)
+    assert pod["frontier"] == {"block_hash": "2", "position": 1}
 
 
 async def test_session_state_is_null_for_a_worker_removed_while_the_request_ran() -> None:
     class WorkerGone(MemoryStore):
-        async def list_workers(self) -> list[WorkerView]:
-            return []
+        async def worker_states(self) -> dict[WorkerKey, WorkerState]:
+            return {}
 
     store = WorkerGone()
     await store.apply(A, Batch(seq=1, ts=1.0, events=[BlocksStored([1], session_id="s")]))

@@ -1,6 +1,9 @@
 """A tiny reference model of DESIGN.md's semantics, written apart from every store.
 
 Plain sets of (medium, group, hash) per worker and per (session, worker); no cleverness.
+What eviction took from a residency (`SessionOnWorker`): a plain count per (session, worker),
+reset by the session's stores, and its frontier as (hash, position) by the rules of
+`store.model.Frontier`, spelled out again here.
 """
 
 from __future__ import annotations
@@ -10,6 +13,33 @@ from dataclasses import dataclass, field
 from store.model import AllCleared, Batch, BlocksRemoved, BlocksStored, Hash, WorkerKey
 
 Entry = tuple[str, int, Hash]
+Residency = tuple[str, WorkerKey]
+
+
+@dataclass
+class Progress:
+    """Per residency: lost blocks, block size of the last store that had one, frontier."""
+
+    lost: int = 0
+    block_size: int | None = None
+    frontier: tuple[Hash, int | None] | None = None
+
+    def stored(self, event: BlocksStored) -> None:
+        self.lost = 0
+        if event.block_size is not None:
+            self.block_size = event.block_size
+        if not event.block_hashes:
+            return
+        last, n = event.block_hashes[-1], len(event.block_hashes)
+        before = self.frontier
+        if event.parent_block_hash is None:
+            self.frontier = (last, n - 1)
+        elif before is not None and event.parent_block_hash == before[0]:
+            self.frontier = (last, None if before[1] is None else before[1] + n)
+        elif before is not None and last == before[0]:
+            pass
+        else:
+            self.frontier = (last, None)
 
 
 @dataclass
@@ -22,7 +52,8 @@ class _Fence:
 @dataclass
 class Reference:
     entries: dict[WorkerKey, set[Entry]] = field(default_factory=dict)
-    residency: dict[tuple[str, WorkerKey], set[Entry]] = field(default_factory=dict)
+    residency: dict[Residency, set[Entry]] = field(default_factory=dict)
+    progress: dict[Residency, Progress] = field(default_factory=dict)
     fences: dict[WorkerKey, _Fence] = field(default_factory=dict)
     seen_sessions: set[str] = field(default_factory=set)
 
@@ -46,13 +77,15 @@ class Reference:
                 if event.session_id is not None:
                     self.seen_sessions.add(event.session_id)
                     self.residency.setdefault((event.session_id, worker), set()).update(keys)
+                    self.progress.setdefault((event.session_id, worker), Progress()).stored(event)
             elif isinstance(event, BlocksRemoved):
                 keys = {
                     (event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes
                 }
                 self.entries.setdefault(worker, set()).difference_update(keys)
-                for (_, w), held in self.residency.items():
+                for (s, w), held in self.residency.items():
                     if w == worker:
+                        self.progress[(s, w)].lost += len(held & keys)
                         held.difference_update(keys)
             elif isinstance(event, AllCleared):
                 self._clear(worker)
@@ -63,13 +96,23 @@ class Reference:
         return outcome
 
     def _clear(self, worker: WorkerKey) -> None:
+        """The worker's cache emptied: what each residency held is lost."""
         self.entries[worker] = set()
-        for (_, w), held in self.residency.items():
+        for (s, w), held in self.residency.items():
             if w == worker:
+                self.progress[(s, w)].lost += len(held)
                 held.clear()
 
     def session_blocks(self, session_id: str) -> dict[WorkerKey, set[Entry]]:
         return {w: held for (s, w), held in self.residency.items() if s == session_id and held}
+
+    def session_workers(self, session_id: str) -> dict[WorkerKey, Progress]:
+        """Workers a session view lists: holding some of its blocks, or that lost some."""
+        return {
+            w: self.progress[(s, w)]
+            for (s, w), held in self.residency.items()
+            if s == session_id and (held or self.progress[(s, w)].lost)
+        }
 
 
 def _keys(event: BlocksStored | BlocksRemoved) -> set[Entry]:

@@ -17,7 +17,7 @@ from typing import Literal
 import pytest
 
 from store.base import IndexStore
-from store.feed import Change, FeedEntry, HistoryGone, Subscription
+from store.feed import Change, FeedEntry, HistoryGone, ResidencyChange, Subscription
 from store.memory import MemoryStore
 from store.model import (
     AllCleared,
@@ -193,3 +193,36 @@ async def test_a_watcher_resumes_after_an_entry_and_unknown_ids_are_gone(
 async def test_every_change_feed_call_returns_the_same_hub(store: IndexStore) -> None:
     hub = await store.change_feed()
     assert await store.change_feed() is hub
+
+
+async def test_residency_changes_say_what_eviction_took(store: IndexStore) -> None:
+    """`lost`: every removal of a batch (evictions, a clear) and of clear_worker is a loss;
+    the stale policy's drops are not."""
+    got = await check_against_memory(
+        store,
+        [
+            (A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s"), BlocksStored([3], None)])),
+            (A, Batch(1, 2.0, [BlocksRemoved([1, 3]), BlocksStored([4], "GPU", 0, "t")])),
+            (A, "mark"),
+            (A, Batch(2, 3.0, [BlocksStored([4], "GPU", 0, "t")])),  # reconfirms 4
+            (A, "drop"),  # s loses 2, not to eviction
+            (A, Batch(3, 4.0, [BlocksStored([5, 6], "GPU", 0, "s"), AllCleared()])),
+            (A, Batch(4, 5.0, [BlocksStored([7], "GPU", 0, "s")])),
+            (A, "clear"),
+        ],
+    )
+    rows = [
+        (c.session_id, c.added, c.removed, c.blocks, c.lost)
+        for c in (e.change for e in got)
+        if isinstance(c, ResidencyChange)
+    ]
+    assert rows == [
+        ("s", 3, 0, 3, 0),
+        ("s", 0, 2, 1, 2),  # 1 and 3 evicted
+        ("t", 1, 0, 1, 0),
+        ("s", 0, 1, 0, 0),  # the drop
+        ("s", 2, 2, 0, 2),  # stored, then the clear
+        ("t", 0, 1, 0, 1),
+        ("s", 1, 0, 1, 0),
+        ("s", 0, 1, 0, 1),  # clear_worker
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -67,7 +68,10 @@ async def dump(store: IndexStore) -> dict[str, Any]:
         assert view is not None
         out["sessions"][s.session_id] = (
             view.total_blocks,
-            [(w.pod, w.dp_rank, w.blocks, w.by_medium) for w in view.workers],
+            [
+                (w.pod, w.dp_rank, w.blocks, w.by_medium, w.lost_blocks, w.frontier)
+                for w in view.workers
+            ],
         )
     for w in workers:
         out[f"blocks:{w.pod}/{w.dp_rank}"] = sorted(
@@ -159,7 +163,11 @@ async def test_all_blocks_cleared_empties_only_that_worker(store: IndexStore) ->
     await apply_twice(store, A, Batch(1, 2.0, [AllCleared()]))
     view = await store.get_session("s")
     assert view is not None
-    assert [(w.pod, w.blocks) for w in view.workers] == [("pod-b", 1)]
+    # pod-a still listed: it holds nothing, and the clear took the block it held.
+    assert [(w.pod, w.blocks, w.lost_blocks) for w in view.workers] == [
+        ("pod-b", 1, 0),
+        ("pod-a", 0, 1),
+    ]
 
 
 async def test_blocks_without_session_count_for_the_worker_only(store: IndexStore) -> None:
@@ -270,6 +278,8 @@ events = st.one_of(
         st.sampled_from(["GPU", "CPU", None]),
         st.sampled_from([0, 1, None]),
         st.sampled_from(["s1", "s2", "s3", None]),
+        parent_block_hash=st.one_of(st.none(), hashes),
+        block_size=st.sampled_from([None, 16, 32]),
     ),
     st.builds(
         BlocksRemoved,
@@ -326,7 +336,17 @@ async def test_random_sequences_match_the_reference_model(
             continue
         assert view is not None
         got_workers = {WorkerKey(w.pod, w.dp_rank): w for w in view.workers}
-        assert set(got_workers) == set(want)
+        listed = ref.session_workers(sid)
+        assert set(got_workers) == set(listed)
+        for worker, progress in listed.items():
+            got = got_workers[worker]
+            assert got.lost_blocks == progress.lost
+            size = progress.block_size
+            assert got.reprefill_tokens == (None if size is None else progress.lost * size)
+            frontier = (
+                None if got.frontier is None else tuple(msgspec.structs.astuple(got.frontier))
+            )
+            assert frontier == progress.frontier
         for worker, held in want.items():
             by_medium: dict[str, int] = {}
             for medium, _, _ in held:

@@ -54,6 +54,26 @@ def residency_by_design(events: list[KVCacheEvent]) -> tuple[set[int], dict[str,
     return blocks, {sid: owned for sid, owned in sessions.items() if owned}
 
 
+def losses_by_design(events: list[KVCacheEvent]) -> dict[str, int]:
+    """Per session, blocks removed (or reset away) since its last store, from the events."""
+    sessions: dict[str, set[int | bytes]] = {}
+    lost: dict[str, int] = {}
+    for event in events:
+        if isinstance(event, BlockStored):
+            if event.session_id is not None:
+                lost[event.session_id] = 0
+                sessions.setdefault(event.session_id, set()).update(event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            for sid, owned in sessions.items():
+                lost[sid] += len(owned & set(event.block_hashes))
+                owned.difference_update(event.block_hashes)
+        else:
+            for sid, owned in sessions.items():
+                lost[sid] += len(owned)
+                owned.clear()
+    return {sid: n for sid, n in lost.items() if n}
+
+
 @pytest.mark.parametrize("pythonhashseed", [None, "0"])
 def test_block_hashes_equal_vllm_0_33_sha256_vectors(pythonhashseed: str | None) -> None:
     vectors = json.loads((WIRE / "hashes.json").read_text())
@@ -230,5 +250,25 @@ def test_truth_equals_design_definition_over_any_request_sequence(
         blocks, sessions = residency_by_design(log)
         assert engine.resident() == blocks
         assert engine.session_residency() == sessions
+        assert engine.session_losses() == losses_by_design(log)
         assert len(blocks) <= capacity
         assert all(owned <= blocks for owned in sessions.values())
+
+
+def test_losses_count_since_the_last_store_and_frontiers_place_the_last_block() -> None:
+    engine = SimulatedEngine(num_blocks=6, block_size=BS)
+    old = tokens(1, 3 * BS)
+    engine.run_request("old", old)
+    engine.run_request("recent", tokens(2, 3 * BS))
+    engine.run_request("new", tokens(3, 2 * BS))  # evicts old's blocks 2 and 1
+    assert engine.session_losses() == {"old": 2}
+    assert engine.session_frontiers()["old"] == (engine.block_hashes(old)[2], 2)
+    engine.run_request("old", [*old, *tokens(4, BS)])  # its own store: nothing lost since
+    assert "old" not in engine.session_losses()
+    assert engine.session_frontiers()["old"] == (engine.block_hashes([*old, *tokens(4, BS)])[3], 3)
+    held = {sid: len(owned) for sid, owned in engine.session_residency().items()}
+    before = engine.session_losses()
+    engine.reset()  # takes everything each session held
+    assert engine.session_losses() == {
+        sid: before.get(sid, 0) + held.get(sid, 0) for sid in held.keys() | before.keys()
+    }

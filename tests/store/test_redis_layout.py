@@ -19,6 +19,13 @@ from store.model import (
     WorkerStatus,
 )
 from store.redis import RedisStore
+from store.redis_layout import (
+    Progress,
+    decode_progress,
+    decode_residency,
+    encode_progress,
+    encode_residency,
+)
 from store.select import open_store
 from tests.store.conftest import MakeStore
 
@@ -81,8 +88,9 @@ async def test_clearing_a_worker_touches_only_its_keys(
     await store.clear_worker(A)
     assert _snapshot(raw, f"{prefix}:{{pod-b/3}}:*") == before_b
     left = {k.decode().rpartition("}:")[2] for k in raw.keys(f"{prefix}:{{pod-a/0}}:*")}
-    # fence, status, sessions ever seen, and the change feed (a clear is no reset of it)
-    assert left == {"meta", "vlog", "parts", "seen", "feed"}
+    # fence, status, sessions ever seen, the change feed (a clear is no reset of it), and the
+    # residencies, without blocks now, holding what the clear took as lost
+    assert left == {"meta", "vlog", "parts", "seen", "feed", "res"}
     await store.remove_worker(A)
     assert raw.keys(f"{prefix}:{{pod-a/0}}:*") == []
     assert _snapshot(raw, f"{prefix}:{{pod-b/3}}:*") == before_b
@@ -106,6 +114,9 @@ async def test_the_store_never_scans_the_keyspace(make_store: MakeStore, raw: re
         await s.session_blocks("s3", pod=None, medium="GPU", limit=2, cursor=None)
         await s.worker_blocks("pod-a", dp_rank=None, medium=None, limit=2, cursor=None)
         await s.fence(A)
+        await s.worker_models()
+        await s.instances()
+        await s.worker_losses()
     await store.expire_sessions(100.0)
     await store.clear_worker(B)
     await store.remove_worker(A)
@@ -189,3 +200,50 @@ def test_connections_pack_with_hiredis_exactly_as_redis_py() -> None:
     fast = conn_class().pack_command(*args)
     slow = Connection().pack_command(*args)
     assert b"".join(fast) == b"".join(slow)
+
+
+@pytest.mark.parametrize(
+    "progress",
+    [
+        Progress(2, 16, BIG, 7),
+        Progress(0, None, DIGEST, None),
+        Progress(3, 32, None, None),
+        Progress(1, None, 5, 0),
+        Progress(),
+    ],
+)
+def test_residency_values_carry_what_eviction_took(progress: Progress) -> None:
+    held = encode_residency(12.5, {0: 3, 2: 1}, encode_progress(*progress)).encode()
+    assert decode_residency(held) == (12.5, {0: 3, 2: 1})
+    assert decode_progress(held) == progress
+    empty = encode_residency(12.5, {}, encode_progress(*progress)).encode()
+    assert b" " not in empty, "expire.lua takes a value without a space for one without blocks"
+    assert decode_residency(empty) == (12.5, {})
+    assert decode_progress(empty) == progress
+
+
+def test_residency_values_written_before_lost_blocks_read_as_nothing_lost() -> None:
+    for old in (b"12.5 0:3 2:1", b"12.5"):
+        assert decode_progress(old) == Progress(lost=0, block_size=None, frontier=None)
+        assert decode_progress(old).position is None
+    assert decode_residency(b"12.5 0:3 2:1") == (12.5, {0: 3, 2: 1})
+
+
+async def test_a_stored_old_residency_value_is_read_and_loaded_as_nothing_lost(
+    make_store: MakeStore, raw: redis.Redis, prefix: str
+) -> None:
+    writer = await make_store()
+    await writer.apply(A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s", block_size=16)]))
+    raw.hset(f"{prefix}:{{pod-a/0}}:res", "s", "1.0 0:2")  # as written before these fields
+    reader = await make_store()
+    view = await reader.get_session("s")
+    assert view is not None
+    (w,) = view.workers
+    assert (w.blocks, w.lost_blocks, w.reprefill_tokens, w.frontier) == (2, 0, None, None)
+    # A writer whose mirror loads that value counts from there.
+    later = await make_store()
+    await later.apply(A, Batch(1, 2.0, [BlocksRemoved([1], "GPU", 0)]))
+    view = await reader.get_session("s")
+    assert view is not None
+    (w,) = view.workers
+    assert (w.blocks, w.lost_blocks, w.reprefill_tokens, w.frontier) == (1, 1, None, None)

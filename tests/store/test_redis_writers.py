@@ -59,6 +59,7 @@ async def snapshot(store: IndexStore) -> dict[str, Any]:
             (w.pod, w.dp_rank, w.blocks, w.sessions, w.last_seq, w.unconfirmed) for w in workers
         ],
         "fences": [await store.fence(w) for w in (A, B)],
+        "losses": sorted((await store.worker_losses()).items()),
     }
     for pod in (None, "pod-a", "pod-b"):
         sessions = await _pages(
@@ -73,7 +74,19 @@ async def snapshot(store: IndexStore) -> dict[str, Any]:
         out[f"view:{sid}"] = view and (
             view.total_blocks,
             view.last_seen,
-            [(w.pod, w.dp_rank, w.blocks, w.by_medium, w.last_seen) for w in view.workers],
+            [
+                (
+                    w.pod,
+                    w.dp_rank,
+                    w.blocks,
+                    w.by_medium,
+                    w.last_seen,
+                    w.lost_blocks,
+                    w.reprefill_tokens,
+                    w.frontier,
+                )
+                for w in view.workers
+            ],
         )
         for pod in (None, "pod-b"):
             for medium in (None, "CPU"):

@@ -79,6 +79,9 @@ def test_ingest_decoder_keeps_what_the_index_needs(release: str, case: dict[str,
         assert event.group_idx == want.get("group_idx")
         if isinstance(event, BlocksStored):
             assert event.session_id == want.get("session_id")
+            assert event.block_size == want["block_size"]
+            parent = want["parent_block_hash"]
+            assert event.parent_block_hash == (None if parent is None else parse_hash(parent))
 
 
 def test_every_release_and_file_is_covered() -> None:

@@ -1,0 +1,104 @@
+"""The Dynamo standalone KV indexer API as its own app, mounted under a prefix or served on
+its own port (kvsi/serve.py), off unless configured (`dynamo_api`).
+
+Imports neither zmq nor subscriber/. Errors are Dynamo's `{"error": "<sentence>"}`, with
+this project's statuses: 400 for any bad input (naming it), 404, 409, 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+import hashing
+from api.auth import UNAUTHORIZED, TokenCheck, require_token
+from api.dynamo_registry import RegistryDoor
+from api.errors import describe_validation_errors
+from api.routes import dynamo
+from api.routes.dynamo import DynamoOptions
+from store.base import IndexStore
+
+DESCRIPTION = """\
+Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`), answered from the
+kv-session-index: `/query_by_hash`, `/query`, `/workers`, `/register`, `/unregister`, `/dump`,
+`/health`. Scores are matched tokens per instance id and dp_rank; `instances` adds the gpu,
+cpu and disk tiers (cumulative) and `longest_matched`. `block_hashes` are the hashes the
+engines publish (vLLM's), as signed 64-bit ints. Errors are `{"error": "..."}`.
+"""
+
+
+def create_dynamo_app(
+    store: IndexStore, options: DynamoOptions | None = None, *, tokens: Sequence[str] = ()
+) -> FastAPI:
+    """The Dynamo API over `store` (opened and closed by the caller).
+
+    Checks the hashing options at once (an unknown algorithm, xxhash without its package
+    or without a seed), so a misconfiguration stops the service at start, not a query.
+    `tokens`: bearer tokens every endpoint but `/health` requires (none: open).
+    """
+    options = options or DynamoOptions()
+    hashing.BlockHasher(algorithm=options.hash_algorithm, hash_seed=options.hash_seed)
+    app = FastAPI(
+        title="kv-session-index: Dynamo KV indexer API",
+        description=DESCRIPTION,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.door = RegistryDoor(store)
+    app.state.dynamo_options = options
+    app.state.token_check = TokenCheck(tokens)
+    app.add_exception_handler(RequestValidationError, _bad_input)
+    app.add_exception_handler(HTTPException, _refused)
+    protected = [Depends(require_token)] if tokens else []
+    app.include_router(
+        dynamo.router, dependencies=protected, responses=UNAUTHORIZED if tokens else {}
+    )
+    app.include_router(dynamo.probe_router)
+    _document_errors(app)
+    return app
+
+
+async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(
+        status_code=400, content={"error": describe_validation_errors(exc.errors())}
+    )
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse(
+        status_code=exc.status_code, content={"error": str(exc.detail)}, headers=exc.headers
+    )
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Make OpenAPI match the handlers: 400 (never 422), and errors shaped `{"error"}`."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    responses = operation.get("responses", {})
+                    responses.pop("422", None)
+                    if "401" in responses:
+                        responses["401"]["content"] = {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/DynamoError"}
+                            }
+                        }
+            components = schema.get("components", {}).get("schemas", {})
+            components.pop("HTTPValidationError", None)
+            components.pop("ValidationError", None)
+            components.pop("ErrorResponse", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,335 @@
+"""Dynamo's standalone KV indexer API over the index: overlap queries, registrations, dump.
+
+Imports neither zmq nor subscriber/. Paths, bodies and answers follow ai-dynamo/dynamo's
+`python -m dynamo.indexer`; docs/routers/dynamo.md says what differs. The app serving them is
+api.dynamo. Only registered instances (`POST /register`) appear: Dynamo's answers are keyed
+by instance id, and a registration is what gives a worker one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+
+import hashing
+from api.dynamo_registry import RegistryDoor, get_door
+from api.dynamo_schemas import (
+    DumpEntry,
+    DynamoError,
+    Listener,
+    ListenerStatus,
+    QueryByHashRequest,
+    QueryRequest,
+    RegisterRequest,
+    ScoreResponse,
+    Status,
+    UnregisterRequest,
+    WorkerInfo,
+    WorkersQuery,
+)
+from api.dynamo_scores import overlap_answer
+from api.schemas import json_response
+from store.model import (
+    DynamoInstance,
+    Hash,
+    WorkerKey,
+    WorkerState,
+    WorkerView,
+    canonical_hash,
+)
+
+router = APIRouter(tags=["dynamo"])
+probe_router = APIRouter(tags=["dynamo"])
+"""`/health`: open even where bearer tokens guard the rest."""
+
+Door = Annotated[RegistryDoor, Depends(get_door)]
+
+DUMP_TIERS = (("GPU", "device"), ("CPU", "host_pinned"), ("DISK", "disk"))
+"""The media `/dump` lists, and the storage tier Dynamo names each."""
+
+LISTENER_OF: dict[WorkerState, ListenerStatus] = {
+    WorkerState.CONNECTING: "pending",
+    WorkerState.LIVE: "active",
+    WorkerState.DEGRADED: "active",
+    WorkerState.DISCONNECTED: "failed",
+}
+"""A worker's stream state as the listener status Dynamo reports."""
+
+STATUS_ORDER: tuple[ListenerStatus, ...] = ("failed", "pending", "active", "paused")
+"""Dynamo's aggregation over an instance's listeners: the first present wins."""
+
+
+@dataclass(frozen=True)
+class DynamoOptions:
+    """How `/query` hashes token ids, and how much `/dump` lists (kvsi.settings.DynamoConfig)."""
+
+    hash_algorithm: str = "sha256"
+    hash_seed: str | None = None
+    lora_paths: Mapping[str, str] = field(default_factory=dict)
+    dump_limit: int = 10_000
+
+
+async def get_options(request: Request) -> DynamoOptions:
+    return cast(DynamoOptions, request.app.state.dynamo_options)
+
+
+Options = Annotated[DynamoOptions, Depends(get_options)]
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    described = {
+        400: "A bad body or parameter: the error says what.",
+        404: "Nothing registered for that model and routing group (or instance).",
+        409: "The registration conflicts with one already there.",
+        503: "The index store is unavailable.",
+    }
+    return {code: {"model": DynamoError, "description": described[code]} for code in codes}
+
+
+@router.post("/query_by_hash", response_model=ScoreResponse, responses=_errors(400, 404, 503))
+async def query_by_hash(body: QueryByHashRequest, door: Door) -> Response:
+    """Matched tokens per instance and rank for a prompt's block hashes.
+
+    The hashes are those the engines publish (vLLM's u64, as signed 64-bit ints), not
+    Dynamo's own token hashes: see docs/routers/dynamo.md.
+    """
+    group = await _registered(door, body.model_name, body.routing_group)
+    hashes: list[Hash] = [canonical_hash(h) for h in body.block_hashes]
+    return json_response(await _overlap(door, group, hashes))
+
+
+@router.post("/query", response_model=ScoreResponse, responses=_errors(400, 404, 503))
+async def query(body: QueryRequest, door: Door, options: Options) -> Response:
+    """Matched tokens per instance and rank for a prompt's token ids, hashed as the engines
+    hash them (vLLM 0.33, the configured algorithm and seed, the group's block size)."""
+    group = await _registered(door, body.model_name, body.routing_group)
+    lora_path = None
+    if body.lora_name is not None:
+        lora_path = options.lora_paths.get(body.lora_name)
+        if lora_path is None:
+            raise HTTPException(
+                status_code=400,
+                detail=f"lora_name {body.lora_name!r} has no path in the dynamo.lora_paths "
+                "setting (vLLM hashes the adapter's name and path)",
+            )
+    # Up to a million tokens: hashing takes up to a second, off the event loop.
+    hashes = await asyncio.to_thread(_hash_tokens, body, group[0].block_size, options, lora_path)
+    return json_response(await _overlap(door, group, hashes))
+
+
+def _hash_tokens(
+    body: QueryRequest, block_size: int, options: DynamoOptions, lora_path: str | None
+) -> list[Hash]:
+    try:
+        return list(
+            hashing.block_hashes(
+                body.token_ids,
+                block_size=block_size,
+                algorithm=options.hash_algorithm,
+                hash_seed=options.hash_seed,
+                lora_name=body.lora_name,
+                lora_path=lora_path,
+                cache_salt=body.cache_salt,
+            )
+        )
+    except ValueError as exc:
+        raise HTTPException(status_code=400, detail=f"hashing: {exc}") from exc
+
+
+async def _registered(door: RegistryDoor, model: str, group: str) -> list[DynamoInstance]:
+    """The registrations of one (model, routing group); 404 as Dynamo's "no indexer"."""
+    found = [
+        i for i in await door.instances() if i.model_name == model and i.routing_group == group
+    ]
+    if not found:
+        raise HTTPException(
+            status_code=404, detail=f"no indexer for model={model} routing_group={group}"
+        )
+    return found
+
+
+async def _overlap(
+    door: RegistryDoor, group: list[DynamoInstance], hashes: list[Hash]
+) -> dict[str, Any]:
+    held = await door.match_prefix(hashes, [i.worker for i in group]) if hashes else {}
+    return overlap_answer(group, held, group[0].block_size)
+
+
+async def _each_filter_once(request: Request) -> None:
+    """A filter given twice is a 400: keeping one of the values would answer another query."""
+    names = [name for name, _ in request.query_params.multi_items()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise HTTPException(
+            status_code=400,
+            detail=f"query parameter {', '.join(map(repr, repeated))} given more than once",
+        )
+
+
+@router.get(
+    "/workers",
+    responses=_errors(400, 503),
+    response_model_exclude_none=True,
+    dependencies=[Depends(_each_filter_once)],
+)
+async def workers(door: Door, query: Annotated[WorkersQuery, Query()]) -> list[WorkerInfo]:
+    """Registered instances, one item per (instance, model, routing group), with the state
+    of the stream behind each rank as Dynamo's listener status."""
+    chosen = [
+        i
+        for i in await door.instances()
+        if query.model_name in (None, i.model_name)
+        and query.routing_group in (None, i.routing_group)
+    ]
+    views = {WorkerKey(w.pod, w.dp_rank): w for w in await door.list_workers()} if chosen else {}
+    grouped: dict[tuple[int, str, str], list[DynamoInstance]] = {}
+    for i in chosen:
+        grouped.setdefault((i.instance_id, i.model_name, i.routing_group), []).append(i)
+    return [_worker_info(ranks, views) for ranks in grouped.values()]
+
+
+def _worker_info(ranks: list[DynamoInstance], views: Mapping[WorkerKey, WorkerView]) -> WorkerInfo:
+    listeners = {str(i.dp_rank): _listener(i, views.get(i.worker)) for i in ranks}
+    present = {listener.status for listener in listeners.values()}
+    first = ranks[0]
+    return WorkerInfo(
+        instance_id=first.instance_id,
+        source="zmq",
+        status=next(s for s in STATUS_ORDER if s in present),
+        model_name=first.model_name,
+        routing_group=first.routing_group,
+        block_size=first.block_size,
+        endpoints={str(i.dp_rank): i.endpoint for i in ranks},
+        listeners=listeners,
+        kvsi_workers={str(i.dp_rank): str(i.worker) for i in ranks},
+    )
+
+
+def _listener(instance: DynamoInstance, view: WorkerView | None) -> Listener:
+    if view is None:  # not subscribed yet, or its stream wrote nothing yet
+        return Listener(endpoint=instance.endpoint, status="pending")
+    state = view.status.state
+    trouble = state in (WorkerState.DEGRADED, WorkerState.DISCONNECTED)
+    return Listener(
+        endpoint=instance.endpoint,
+        status=LISTENER_OF[state],
+        last_error=(view.status.detail or None) if trouble else None,
+    )
+
+
+@router.post("/register", status_code=201, responses=_errors(400, 409, 503))
+async def register(body: RegisterRequest, door: Door) -> Status:
+    """Register one rank of an instance: name the worker answering for it (`pod`), or have
+    ingest subscribe to `endpoint` as pod `dynamo-<instance_id>`."""
+    instance = DynamoInstance(
+        instance_id=body.instance_id,
+        dp_rank=body.dp_rank or 0,
+        pod=body.pod or f"dynamo-{body.instance_id}",
+        model_name=body.model_name,
+        routing_group=body.routing_group,
+        block_size=body.block_size,
+        endpoint=body.endpoint,
+        replay_endpoint=body.replay_endpoint,
+        subscribe=body.pod is None,
+    )
+    clash = _clash(instance, await door.instances())
+    if clash is None:
+        taken = await door.register_instance(instance)
+        clash = None if taken is None else _clash(instance, [taken])
+    if clash is not None:
+        raise HTTPException(status_code=409, detail=clash)
+    return Status()
+
+
+def _clash(new: DynamoInstance, existing: list[DynamoInstance]) -> str | None:
+    """Why `new` cannot join `existing` (Dynamo's rules, plus one worker per rank)."""
+    for old in existing:
+        if (old.instance_id, old.dp_rank) == (new.instance_id, new.dp_rank):
+            return (
+                f"instance {new.instance_id} dp_rank {new.dp_rank} is already registered "
+                f"(model {old.model_name!r}, endpoint {old.endpoint}); unregister it first"
+            )
+        if (old.model_name, old.routing_group) == (new.model_name, new.routing_group) and (
+            old.block_size != new.block_size
+        ):
+            return (
+                f"model {new.model_name!r} routing group {new.routing_group!r} has block size "
+                f"{old.block_size}, not {new.block_size}"
+            )
+        if old.worker == new.worker:
+            return f"worker {new.worker} already answers for instance {old.instance_id}"
+    return None
+
+
+@router.post("/unregister", responses=_errors(400, 404, 503))
+async def unregister(body: UnregisterRequest, door: Door) -> Status:
+    """Forget an instance's registration for a model (one routing group, or every one; one
+    rank, or every one). Ingest then stops the streams it started for it and forgets
+    their workers."""
+    chosen = [
+        i
+        for i in await door.instances()
+        if i.instance_id == body.instance_id
+        and i.model_name == body.model_name
+        and body.routing_group in (None, i.routing_group)
+        and body.dp_rank in (None, i.dp_rank)
+    ]
+    if not chosen:
+        raise HTTPException(
+            status_code=404,
+            detail=f"instance {body.instance_id} is not registered for model "
+            f"{body.model_name!r}" + ("" if body.dp_rank is None else f" dp_rank {body.dp_rank}"),
+        )
+    for i in chosen:
+        await door.unregister_instance(i.instance_id, i.dp_rank)
+    return Status()
+
+
+@router.get("/dump", response_model=dict[str, DumpEntry], responses=_errors(503))
+async def dump(door: Door, options: Options) -> Response:
+    """Each (model, routing group)'s registered workers' blocks as Dynamo stored events,
+    device, host and disk tiers; at most `dynamo.dump_limit` hashes in all (`truncated`)."""
+    budget = options.dump_limit
+    out: dict[str, dict[str, Any]] = {}
+    for i in await door.instances():
+        key = f"{i.model_name}:{i.routing_group}"
+        entry = out.setdefault(key, {"block_size": i.block_size, "events": [], "truncated": False})
+        for medium, tier in DUMP_TIERS:
+            if budget == 0:
+                entry["truncated"] = True
+                break
+            page = await door.worker_blocks(
+                i.pod, dp_rank=i.dp_rank, medium=medium, limit=budget, cursor=None
+            )
+            if page is None:
+                break  # no such worker (yet)
+            budget -= len(page.items)
+            entry["truncated"] = entry["truncated"] or page.next_cursor is not None
+            ints = [h for h in page.items if isinstance(h, int)]
+            if ints:
+                entry["events"].append(_stored(i, tier, ints, len(entry["events"])))
+    return json_response(out)
+
+
+def _stored(instance: DynamoInstance, tier: str, hashes: list[int], event_id: int) -> Any:
+    """One Dynamo RouterEvent storing `hashes` (no parent: kvsi keeps no chain)."""
+    blocks = [{"block_hash": h, "tokens_hash": h, "mm_extra_info": None} for h in hashes]
+    return {
+        "worker_id": instance.instance_id,
+        "storage_tier": tier,
+        "event": {
+            "event_id": event_id,
+            "data": {"stored": {"parent_hash": None, "start_position": None, "blocks": blocks}},
+            "dp_rank": instance.dp_rank,
+        },
+    }
+
+
+@probe_router.get("/health", response_class=Response, responses={200: {"description": "Alive."}})
+async def health() -> Response:
+    """Liveness, as Dynamo's: 200 with an empty body, touching nothing."""
+    return Response(status_code=200)

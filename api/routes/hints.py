@@ -1,0 +1,72 @@
+"""`GET /v1/sessions/{session_id}/hint`: the header that sends a session's next request to
+the pod holding most of its KV cache, ready for llm-d's endpoint picker.
+
+Imports neither zmq nor subscriber/; reads the store through api.reader, picks with
+api.hints. docs/routers/llm-d.md says how a gateway uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import Field
+
+from api.hints import HintFormat, HintOptions, SessionHint, best_for_session, hint_for
+from api.params import QueryParams, SessionId
+from api.reader import IndexReader, get_reader
+from api.schemas import ErrorResponse
+from store.model import WorkerKey, WorkerState
+
+router = APIRouter(prefix="/v1/sessions", tags=["routing"])
+
+Reader = Annotated[IndexReader, Depends(get_reader)]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "A bad parameter."},
+    404: {"model": ErrorResponse, "description": "Session never seen, or aged out."},
+    503: {"model": ErrorResponse, "description": "The index store is unavailable."},
+}
+
+
+class HintQuery(QueryParams):
+    """Which router's form the hint takes."""
+
+    format: HintFormat = Field(
+        "llm-d",
+        description="`llm-d`: `x-session-token` for its session-affinity scorer or filter; "
+        "`label`: the pod's name for a header-label-affinity-scorer.",
+    )
+
+
+def get_hint_options(request: Request) -> HintOptions:
+    """The naming `create_app` was given (settings `llm_d`)."""
+    options: HintOptions = request.app.state.hint_options
+    return options
+
+
+Options = Annotated[HintOptions, Depends(get_hint_options)]
+
+
+@router.get("/{session_id}/hint", responses=_ERRORS)
+async def session_hint(
+    session_id: SessionId, reader: Reader, options: Options, query: Annotated[HintQuery, Query()]
+) -> SessionHint:
+    """The hint for the session's next request: the worker holding most of the session
+    (blocks weighted by medium, as `POST /v1/route` ranks a session without a prompt) among
+    the workers that are not `disconnected`, as the header to set.
+
+    200 with empty `headers` (and null `pod`) when none of them holds any block of the
+    session: route the request as usual. 404 for a session never seen or aged out.
+    """
+    view = await reader.get_session(session_id)
+    if view is None:
+        raise HTTPException(
+            status_code=404, detail=f"session {session_id!r} not found (never seen, or aged out)"
+        )
+    states = await reader.worker_states()
+    candidates = [k for k, s in states.items() if s != WorkerState.DISCONNECTED]
+    by_session = {WorkerKey(w.pod, w.dp_rank): w.by_medium for w in view.workers}
+    best = best_for_session(candidates, states, by_session, options.per_pod(query.format))
+    hint = hint_for(query.format, options, best)
+    return SessionHint(session_id=session_id, **hint.model_dump())
