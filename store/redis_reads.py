@@ -149,6 +149,10 @@ class RedisReader:
         self._registry_at = 0.0
         self._keys: dict[WorkerKey, WorkerKeys] = {}
         self._prefix_script = client.register_script(lua("prefix"))
+        self._locate_script = (
+            client.register_script(lua("locate")) if isinstance(client, Redis) else None
+        )
+        """One call per session lookup on a standalone server (None on a cluster)."""
         self._part_counts: dict[WorkerKey, int] = {}
         """Parts per worker as prefix.lua last saw them (parts only grow until removal)."""
         self._states: dict[WorkerKey, WorkerState] = {}
@@ -226,6 +230,8 @@ class RedisReader:
         worker, in one pipeline. The parts hashes are left out: a session sits on a few of
         the workers, and reading every worker's made a third of a fleet-wide query."""
         workers = await self._known()
+        if self._locate_script is not None:
+            return await self._locate_in_one_call(workers, session_id)
         pipe = self._pipeline()
         pipe.zscore(self._retired_key, session_id)
         for w in workers:
@@ -239,6 +245,28 @@ class RedisReader:
         residencies = [
             (w, raw) for w, raw in zip(workers, out[1::2], strict=True) if raw is not None
         ]
+        return -min(scores), residencies
+
+    async def _locate_in_one_call(
+        self, workers: list[WorkerKey], session_id: str
+    ) -> tuple[float, list[tuple[WorkerKey, bytes]]] | None:
+        """`_locate` on a standalone server: locate.lua, one reply for every worker (redis-py
+        costs ~10 µs of client CPU per reply: ~2 ms a lookup over 100 workers, pipelined)."""
+        assert self._locate_script is not None
+        keys = [self._retired_key]
+        for w in workers:
+            wk = self.worker_keys(w)
+            keys += (wk.seen, wk.res)
+        retired, *hits = await self._locate_script(keys=keys, args=[session_id])
+        scores = [float(retired)] if retired else []
+        residencies = []
+        for i, score, raw in zip(hits[0::3], hits[1::3], hits[2::3], strict=True):
+            if score:
+                scores.append(float(score))
+            if raw:
+                residencies.append((workers[int(i) - 1], raw))
+        if not scores:
+            return None
         return -min(scores), residencies
 
     async def session_blocks(
