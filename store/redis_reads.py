@@ -556,9 +556,11 @@ class RedisReader:
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
-        """prefix.lua per chosen worker, all in one pipeline (one round trip per node).
+        """prefix.lua over the chosen workers: one call for all of them on a standalone
+        server (one reply), one per worker on a cluster, in one pipeline (one round trip per
+        node).
 
-        Each call declares the worker's parts hash and, per part, the entry-index buckets of
+        A call declares each worker's parts hash and, per part, the entry-index buckets of
         the prompt's hashes (every key in the worker's slot), and walks the hashes in order
         with SISMEMBER until the first one no part holds. A worker with more parts than
         cached answers with its count and is asked again. O(workers x matched x parts).
@@ -584,10 +586,10 @@ class RedisReader:
         pending = chosen
         for _ in range(PREFIX_ATTEMPTS):
             counts = [self._part_counts.get(w, 1) for w in pending]
-            calls = [
-                self._prefix_call(w, k, buckets, tail) for w, k in zip(pending, counts, strict=True)
-            ]
-            replies = await self._scripted(self._prefix_script, calls)
+            groups = [pending] if self._locate_script is not None else [[w] for w in pending]
+            calls = [self._prefix_call(group, buckets, tail) for group in groups]
+            answers = await self._scripted(self._prefix_script, calls)
+            replies = [reply for answer in answers for reply in answer]
             again = []
             for w, k, reply in zip(pending, counts, replies, strict=True):
                 n = int(reply[0])
@@ -602,12 +604,19 @@ class RedisReader:
         raise RuntimeError("match_prefix: workers gained parts on every attempt")
 
     def _prefix_call(
-        self, worker: WorkerKey, parts: int, buckets: list[int], tail: list[Arg]
+        self, workers: list[WorkerKey], buckets: list[int], tail: list[Arg]
     ) -> tuple[list[str], list[Arg]]:
-        """KEYS and ARGV of prefix.lua for one worker, declaring `parts` parts' buckets."""
-        keys = self.worker_keys(worker)
-        names = [keys.parts, *(f"{keys.base}e:{p}:{b}" for p in range(parts) for b in buckets)]
-        return names, [parts, len(buckets), *tail]
+        """KEYS and ARGV of prefix.lua for `workers`, declaring as many parts' buckets for
+        each as it had when last asked (one at first)."""
+        names: list[str] = []
+        counts: list[Arg] = []
+        for worker in workers:
+            keys = self.worker_keys(worker)
+            parts = self._part_counts.get(worker, 1)
+            names.append(keys.parts)
+            names += (f"{keys.base}e:{p}:{b}" for p in range(parts) for b in buckets)
+            counts.append(parts)
+        return names, [len(workers), len(buckets), *counts, *tail]
 
     async def _scripted(
         self, script: Any, calls: Sequence[tuple[list[str], list[Arg]]]
