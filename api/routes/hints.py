@@ -37,6 +37,13 @@ class HintQuery(QueryParams):
         description="`llm-d`: `x-session-token` for its session-affinity scorer or filter; "
         "`label`: the pod's name for a header-label-affinity-scorer.",
     )
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Consider only workers serving this model (named by their topic "
+        "`kv@<pod>@<model>` or configured); workers whose model is unknown are left out.",
+    )
 
 
 def get_hint_options(request: Request) -> HintOptions:
@@ -54,7 +61,8 @@ async def session_hint(
 ) -> SessionHint:
     """The hint for the session's next request: the worker holding most of the session
     (blocks weighted by medium, as `POST /v1/route` ranks a session without a prompt) among
-    the workers that are not `disconnected`, as the header to set.
+    the workers that are not `disconnected` (and serve `model`, if given), as the header to
+    set.
 
     200 with empty `headers` (and null `pod`) when none of them holds any block of the
     session: route the request as usual. 404 for a session never seen or aged out.
@@ -66,6 +74,9 @@ async def session_hint(
         )
     states = await reader.worker_states()
     candidates = [k for k, s in states.items() if s != WorkerState.DISCONNECTED]
+    if query.model is not None:
+        models = await reader.worker_models()
+        candidates = [k for k in candidates if models.get(k) == query.model]
     by_session = {WorkerKey(w.pod, w.dp_rank): w.by_medium for w in view.workers}
     best = best_for_session(candidates, states, by_session, options.per_pod(query.format))
     hint = hint_for(query.format, options, best)

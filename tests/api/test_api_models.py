@@ -98,3 +98,21 @@ async def test_registered_workers_come_with_dynamos_direct_routing_headers(
         ("llama-0", 1): {"x-worker-instance-id": str(big), "x-dp-rank": "1"},
         ("qwen-0", 0): None,
     }
+
+
+async def test_a_hint_with_a_model_names_only_that_models_pods(store: MemoryStore) -> None:
+    await store.apply(LLAMA, Batch(1, 2.0, [BlocksStored([4, 5, 6], "GPU", 0, "s")]))
+    async with client_for(create_app(store)) as client:
+
+        async def hint(**params: str) -> Any:
+            response = await client.get("/v1/sessions/s/hint", params=params)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        anyone, qwen, nobody = await hint(), await hint(model="qwen"), await hint(model="x")
+        bad = await client.get("/v1/sessions/s/hint", params={"model": ""})
+
+    assert anyone["pod"] == "llama-0"  # holds 6 blocks of the session, the others 3
+    assert (qwen["pod"], qwen["dp_rank"]) == ("qwen-0", 0)
+    assert nobody["pod"] is None and nobody["headers"] == {}
+    assert bad.status_code == 400 and "model" in bad.json()["detail"]
