@@ -55,6 +55,9 @@ from store.redis_plan import MAX_ARGS, Arg
 
 Client = Redis | RedisCluster
 
+LOSS_CHUNK = 4
+"""Workers whose residencies `worker_losses` reads and decodes between two event-loop turns."""
+
 Place = tuple[float, str]
 """A session's place in the listing: (-last_seen, session id), ascending."""
 
@@ -509,22 +512,24 @@ class RedisReader:
         }
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
-        """HVALS of each registered worker's residencies, pipelined (one round trip per node),
-        summed here: O(residencies), for the metrics refresher, never per request."""
+        """HVALS of each registered worker's residencies, summed here: O(residencies), for
+        the metrics refresher, never per request. LOSS_CHUNK workers per pipeline: decoding
+        every worker's residencies at once (100,000 of them) would stall requests for
+        hundreds of ms; between chunks the event loop serves them."""
         workers = await self._known()
-        if not workers:
-            return {}
-        pipe = self._pipeline()
-        for w in workers:
-            keys = self.worker_keys(w)
-            pipe.exists(keys.meta)
-            pipe.hvals(keys.res)
-        out = await pipe.execute()
-        return {
-            w: tally_losses(decode_progress(raw)[:2] for raw in values)
-            for w, exists, values in zip(workers, out[0::2], out[1::2], strict=True)
-            if exists  # else removed by another process since the registry was read
-        }
+        out: dict[WorkerKey, WorkerLosses] = {}
+        for start in range(0, len(workers), LOSS_CHUNK):
+            chunk = workers[start : start + LOSS_CHUNK]
+            pipe = self._pipeline()
+            for w in chunk:
+                keys = self.worker_keys(w)
+                pipe.exists(keys.meta)
+                pipe.hvals(keys.res)
+            replies = await pipe.execute()
+            for w, exists, values in zip(chunk, replies[0::2], replies[1::2], strict=True):
+                if exists:  # else removed by another process since the registry was read
+                    out[w] = tally_losses(decode_progress(raw)[:2] for raw in values)
+        return out
 
     async def worker_states(self) -> dict[WorkerKey, WorkerState]:
         """The state in each registered worker's meta (HGET and EXISTS, pipelined), reused
