@@ -74,7 +74,8 @@ async def watch(
     """Stream residency and worker-state changes, in order, as Server-Sent Events.
 
     Each `residency` event: `{"session_id", "pod", "dp_rank", "added", "removed", "blocks",
-    "ts"}` (`blocks` is the total now); each `worker` event: `{"pod", "dp_rank", "state",
+    "ts", "lost"}` (`blocks` is the total now; `lost`, of `removed`, what eviction took);
+    each `worker` event: `{"pod", "dp_rank", "state",
     "since", "detail"}`. Every event has an `id`; reconnect with `Last-Event-ID` to resume
     within the bounded history (the ids are the same on every API replica with Redis).
     """
