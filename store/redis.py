@@ -247,9 +247,10 @@ class RedisStore(RedisReader, RedisInstances):
         now = time.time()
         guard = "" if expect is None else f"{expect.seq} {expect.epoch_ts!r}"
         try:
-            for batch in batches:
+            for i, batch in enumerate(batches, 1):
                 token = self._token()
-                plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now))
+                last = i == len(batches)  # the index's changes of the run go in once, at the end
+                plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=last))
                 mirror.ver = token  # the next batch's version log entry follows this one
             reply = await self._eval(plan, batches[0], before, "applied", guard)
         except BaseException:

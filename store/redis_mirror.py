@@ -50,7 +50,6 @@ from store.redis_plan import (
     LPUSH,
     LTRIM,
     SADD,
-    SADD1,
     SREM,
     SREM1,
     XADD,
@@ -99,15 +98,6 @@ class Part:
         self.ukey = keys.unconfirmed(pid)
         self.ekeys = keys.entries(pid)
         """The entry index's bucket keys, by `bucket(h)`."""
-
-    def index(self, plan: Plan, code: str, hashes: list[Hash]) -> None:
-        """Add (SADD1) or remove (SREM1) entries that appeared in or left the part."""
-        ekeys = self.ekeys
-        try:
-            keys = [ekeys[h & _MASK] for h in hashes]  # type: ignore[operator]
-        except TypeError:  # a digest among them
-            keys = [ekeys[bucket(h)] for h in hashes]
-        plan.singles(code, keys, members(hashes))
 
 
 class Residency:
@@ -205,6 +195,8 @@ class Mirror:
         """Per session, [added, removed] in the batch being planned (the feed's rows)."""
         self._closed: list[ResidencyRow] = []
         """Rows of residencies a clear ended in the batch being planned."""
+        self._index_changes: dict[Part, dict[Hash, bool]] = {}
+        """Entry index changes not written yet (see `apply`)."""
 
     # -- loading (store.redis reads the keys, this rebuilds the maps) -----------------------
 
@@ -244,12 +236,17 @@ class Mirror:
 
     # -- writes: each mutates the copy and returns the Plan that makes Redis agree ---------
 
-    def apply(self, batch: Batch, outcome: ApplyOutcome, token: str, now: float) -> Plan:
+    def apply(
+        self, batch: Batch, outcome: ApplyOutcome, token: str, now: float, *, last: bool = True
+    ) -> Plan:
         """The batch's delta for an APPLIED or RESTARTED outcome.
 
         The ops follow the events in order (apply.lua replays them in order), so nothing is
         merged across events: each event's writes go straight into the Plan, and only the
-        touched residencies are written once, at the end, with their final values.
+        touched residencies are written once, at the end, with their final values. The
+        entry index's changes are the exception: kept per member and written per bucket
+        (variadic) once the batch is planned, or, for a run of batches landing in one call,
+        after its `last` one: a bucket then gets several members per command, not one.
         """
         plan = Plan(self.keys)
         touched: dict[str, Residency] = {}
@@ -280,6 +277,8 @@ class Mirror:
             plan.call(HSET, self.keys.res, args)
         if self._delta or self._closed:
             self._feed_in(plan, ts, losses=True)
+        if last:
+            self._write_index(plan)
         self._finish(
             plan,
             token,
@@ -327,7 +326,7 @@ class Mirror:
                     new.append(h)
             if new:
                 plan.call(SADD, part.okey, members(new))
-                part.index(plan, SADD1, new)
+                self._index(part, new, True)
             return
         res = self.res.get(event.session_id)
         if res is None:
@@ -381,7 +380,7 @@ class Mirror:
             pid = part.pid
             plan.call(SADD, res.keys.get(pid) or self._key(res, pid), members(added))
             if fresh:
-                part.index(plan, SADD1, fresh)
+                self._index(part, fresh, True)
             n = len(added)
             if not res.total:
                 self.nonempty += 1
@@ -432,7 +431,7 @@ class Mirror:
             plan.call(SREM, part.okey, members(orphans))
         if not groups:
             if gone:
-                part.index(plan, SREM1, gone)
+                self._index(part, gone, False)
             return
         single_keys: list[str] = []
         singles: list[Hash] = []
@@ -462,7 +461,7 @@ class Mirror:
                 delta[1] += n
         if singles:
             plan.singles(SREM1, single_keys, members(singles))
-        part.index(plan, SREM1, gone)
+        self._index(part, gone, False)
 
     def _clear_in(self, plan: Plan, touched: dict[str, Residency]) -> None:
         # The feed's rows as the memory store has them: every residency of the batch so far,
@@ -476,10 +475,35 @@ class Mirror:
             elif res.total:
                 closed.append((sid, 0, res.total, 0))
         self._delta = {}
+        self._index_changes = {}  # the DEL below ends every entry planned so far
         d = _Delta()
         self._clear(d)
         plan.delete(d.deletes)
         touched.update(d.touched)
+
+    def _index(self, part: Part, hashes: Iterable[Hash], present: bool) -> None:
+        """Entries that appeared in (True) or left (False) the part: the last change wins."""
+        changes = self._index_changes.get(part)
+        if changes is None:
+            changes = self._index_changes[part] = {}
+        for h in hashes:
+            changes[h] = present
+
+    def _write_index(self, plan: Plan) -> None:
+        """The entry index's planned changes: one SADD and one SREM per touched bucket."""
+        for part, changes in self._index_changes.items():
+            ekeys = part.ekeys
+            added: dict[str, list[Hash]] = {}
+            removed: dict[str, list[Hash]] = {}
+            for h, present in changes.items():
+                key = ekeys[h & _MASK] if isinstance(h, int) else ekeys[bucket(h)]
+                group = (added if present else removed).setdefault(key, [])
+                group.append(h)
+            for key, hashes in removed.items():
+                plan.call(SREM, key, members(hashes))
+            for key, hashes in added.items():
+                plan.call(SADD, key, members(hashes))
+        self._index_changes = {}
 
     def mark_unconfirmed(self, token: str) -> tuple[Plan, int]:
         """Copy every part's entries to its unconfirmed set (SUNIONSTORE, server side)."""

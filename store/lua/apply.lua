@@ -11,8 +11,8 @@
 --            is missing or older (store.model.fell_behind) means the store lost data, and
 --            the call returns "lost" with the stored seq, writing nothing
 -- ARGV[7..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
---            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R/A
---            (SREM/SADD of one member per key) the next `count` keys and `count` args, one
+--            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R
+--            (SREM of one member per key) the next `count` keys and `count` args, one
 --            each. An XADD op (the change feed's record) runs only here, after the checks:
 --            a duplicate or stale call adds nothing, so each applied batch is in the feed once
 -- Returns {outcome, current version, next version, next batch id}: outcome is one of
@@ -24,7 +24,7 @@ local CMD = {
   a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX',
   z = 'ZADD', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
 }
-local ONE = {R = 'SREM', A = 'SADD'}
+local ONE = {R = 'SREM'}
 
 local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
 local ver = m[4] or ''
