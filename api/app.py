@@ -10,9 +10,12 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
+from pathlib import Path
 
 import structlog
 from fastapi import Depends, FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
@@ -28,6 +31,9 @@ log = structlog.get_logger(__name__)
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 """Methods labelled as themselves; any other is `OTHER`, so a scanner cannot mint series."""
+
+STATIC = Path(__file__).parent / "static"
+"""The dashboard's files, shipped inside the package (no front-end build step)."""
 
 DESCRIPTION = """\
 Per-session index of vLLM KV-cache blocks, built from vLLM's KV events.
@@ -112,8 +118,20 @@ def create_app(
         dependencies=protected if guard_metrics else [],
         responses=unauthorized if guard_metrics else {},
     )
+    _serve_dashboard(app)
     _document_400_not_422(app)
     return app
+
+
+def _serve_dashboard(app: FastAPI) -> None:
+    """The dashboard at `/`, open like the probes: the page holds no data, and the `/v1` calls
+    it makes carry the bearer token it asks for."""
+
+    @app.get("/", include_in_schema=False)
+    async def dashboard() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
 
 def create_probe_app(

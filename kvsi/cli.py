@@ -138,6 +138,7 @@ def serve(
     def announce(url: str) -> None:
         if url:
             typer.echo(f"kv-session-index is serving on {url}")
+            typer.echo(f"  dashboard: {url}/")
             typer.echo(f"  fleet:     {url}/v1/pods")
             typer.echo(f"  sessions:  {url}/v1/sessions")
             typer.echo(f"  one:       {url}/v1/sessions/<session_id>")
