@@ -6,8 +6,9 @@ with `hashing` exactly as vLLM 0.33 does, and scores with `api.ranking`.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Response
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -194,12 +195,13 @@ async def route(body: RouteRequest, reader: Reader, hint_options: Options) -> Re
     if body.model is not None:
         models = await reader.worker_models()
         keys = [k for k in keys if models.get(k) == body.model]
-    prefix = await reader.match_prefix(hashes, keys) if hashes else {}
-    by_session: dict[WorkerKey, dict[str, int]] = {}
-    if body.session_id is not None:
-        view = await reader.get_session(body.session_id)
-        for w in view.workers if view else []:
-            by_session[WorkerKey(w.pod, w.dp_rank)] = w.by_medium
+    prefix, view = await asyncio.gather(
+        reader.match_prefix(hashes, keys) if hashes else _nothing({}),
+        reader.get_session(body.session_id) if body.session_id is not None else _nothing(None),
+    )  # both at once: their round trips overlap
+    by_session: dict[WorkerKey, dict[str, int]] = {
+        WorkerKey(w.pod, w.dp_rank): w.by_medium for w in (view.workers if view else [])
+    }
     ranked = rank(
         keys,
         Evidence(states, by_session, prefix),
@@ -228,6 +230,14 @@ async def route(body: RouteRequest, reader: Reader, hint_options: Options) -> Re
             "hint": route_hint(body.hint, hint_options, ranked),
         }
     )
+
+
+T = TypeVar("T")
+
+
+async def _nothing(value: T) -> T:
+    """An awaitable of `value`, for a store read a request does not need."""
+    return value
 
 
 def _prompt_hashes(body: RouteRequest) -> tuple[list[Hash] | None, list[str] | None]:
