@@ -125,6 +125,18 @@ class PodWorker(BaseModel):
     state_since: float = Field(description="When the worker entered `state` (Unix seconds).")
     state_detail: str = Field(description="Why the worker is in `state`, if not live.")
     batches_lost: int = Field(description="Batches missed and not repaired by replay.")
+    gaps: int = Field(
+        default=0,
+        description="Seq gaps the worker's stream met (repaired or not) since it started.",
+    )
+    replays: int = Field(default=0, description="Replays its stream asked the publisher for.")
+    restarts: int = Field(default=0, description="Engine restarts its stream detected.")
+    lag_batches: int = Field(
+        default=0, description="Batches received and not applied yet, as last stored."
+    )
+    lag_seconds: float = Field(
+        default=0.0, description="Age of the oldest batch not applied yet, as last stored."
+    )
     last_event_at: float | None = Field(
         description="When this service last applied a batch of the worker (Unix seconds)."
     )

@@ -152,6 +152,14 @@ class WorkerStatus(msgspec.Struct):
     model: str | None = None
     """The model the worker serves (its topic `kv@<pod>@<model>`, or configured); None:
     unknown. Carried with the status so every API replica sees it."""
+    gaps: int = 0
+    """Seq gaps its stream met (repaired or not), since that stream started; with `replays`,
+    `restarts` and the lag, as its writer last stored them (every status write, and at least
+    every `index_audit_seconds`): what an operator's fleet view shows next to the state."""
+    replays: int = 0
+    restarts: int = 0
+    lag_batches: int = 0
+    lag_seconds: float = 0.0
 
 
 class Frontier(msgspec.Struct, frozen=True, gc=False):

@@ -436,6 +436,11 @@ class RedisStore(RedisReader, RedisInstances):
                     self._feed_length,
                     _RECORDS.encode(record),
                     status.model or "",
+                    status.gaps,
+                    status.replays,
+                    status.restarts,
+                    status.lag_batches,
+                    status.lag_seconds,
                 ],
             ),
         )

@@ -487,6 +487,11 @@ class RedisReader:
                         detail=meta.get(b"detail", b"").decode(),
                         batches_lost=int(meta.get(b"lost", 0)),
                         model=_text(meta.get(b"model")),
+                        gaps=int(meta.get(b"gaps", 0)),
+                        replays=int(meta.get(b"replays", 0)),
+                        restarts=int(meta.get(b"restarts", 0)),
+                        lag_batches=int(meta.get(b"lag", 0)),
+                        lag_seconds=float(meta.get(b"lag_s", 0.0)),
                     ),
                     unconfirmed=int(meta.get(b"unconfirmed", 0)),
                 )

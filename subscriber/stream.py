@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 import zmq
 import zmq.asyncio
@@ -305,10 +306,22 @@ class WorkerStream:
             def current() -> tuple[WorkerKey, WorkerStatus]:
                 nonlocal written
                 written = self.health.version
-                return self.worker, self.health.status()
+                return self.worker, self._status()
 
             await self._gate.publish_status(current)
             self.health.stored(written)
+
+    def _status(self) -> WorkerStatus:
+        """The health's status with the stream's counters, as the fleet view shows them."""
+        c = self.read_counters()
+        return msgspec.structs.replace(
+            self.health.status(),
+            gaps=c.gaps,
+            replays=sum(c.replays.values()),
+            restarts=c.restarts,
+            lag_batches=c.lag_batches,
+            lag_seconds=round(c.lag_seconds, 3),
+        )
 
     # -- the data path --------------------------------------------------------------------
 

@@ -42,6 +42,11 @@ async def list_pods(reader: Reader) -> PodList:
                 state_since=w.status.since,
                 state_detail=w.status.detail,
                 batches_lost=w.status.batches_lost,
+                gaps=w.status.gaps,
+                replays=w.status.replays,
+                restarts=w.status.restarts,
+                lag_batches=w.status.lag_batches,
+                lag_seconds=w.status.lag_seconds,
                 last_event_at=w.last_event_at,
                 model=w.model,
             )

@@ -96,6 +96,10 @@ async function loadFleet() {
     cell(row, String(w.sessions), "num");
     cell(row, String(w.last_seq ?? "–"), "num seq");
     cell(row, ago(w.last_event_at));
+    cell(row, `${w.lag_batches} (${w.lag_seconds.toFixed(1)} s)`, "num lag");
+    cell(row, String(w.gaps), "num");
+    cell(row, String(w.replays), "num");
+    cell(row, String(w.restarts), "num");
     cell(row, String(w.batches_lost), "num");
     cell(row, w.state_detail ?? "");
   }

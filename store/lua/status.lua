@@ -5,11 +5,13 @@
 -- ARGV[5]    the feed stream's length bound (XADD MAXLEN ~)
 -- ARGV[6]    the record to add if (state, detail) changed (msgpack store.feed.FeedRecord)
 -- ARGV[7]    the worker's model; "" when unknown (the field is removed)
+-- ARGV[8..12] the stream's gaps, replays, restarts, lag in batches and in seconds
 -- An absent state reads as "connecting" with an empty detail, as a new worker's status.
 -- Returns 1 if the record was added, else 0.
 local old = redis.call('HMGET', KEYS[1], 'state', 'detail')
 local state, detail = old[1] or 'connecting', old[2] or ''
-redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'detail', ARGV[3], 'lost', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'detail', ARGV[3], 'lost', ARGV[4],
+  'gaps', ARGV[8], 'replays', ARGV[9], 'restarts', ARGV[10], 'lag', ARGV[11], 'lag_s', ARGV[12])
 if ARGV[7] == '' then
   redis.call('HDEL', KEYS[1], 'model')
 else

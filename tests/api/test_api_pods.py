@@ -22,7 +22,16 @@ async def test_pods_list_every_worker_by_pod_then_rank_with_its_health(
     await store.set_status(
         A1,
         WorkerStatus(
-            state=WorkerState.DEGRADED, since=1234.5, detail="gap 7..9", batches_lost=3, model="m"
+            state=WorkerState.DEGRADED,
+            since=1234.5,
+            detail="gap 7..9",
+            batches_lost=3,
+            model="m",
+            gaps=4,
+            replays=5,
+            restarts=1,
+            lag_batches=7,
+            lag_seconds=0.25,
         ),
     )
     await store.set_status(B0, WorkerStatus(state=WorkerState.DISCONNECTED, since=99.0))
@@ -43,6 +52,11 @@ async def test_pods_list_every_worker_by_pod_then_rank_with_its_health(
         "state_since": 1234.5,
         "state_detail": "gap 7..9",
         "batches_lost": 3,
+        "gaps": 4,
+        "replays": 5,
+        "restarts": 1,
+        "lag_batches": 7,
+        "lag_seconds": 0.25,
         "model": "m",
     }
     # Registered by its status only: no batch applied yet.

@@ -245,6 +245,18 @@ async def test_status_is_recorded_and_registers_the_worker(store: IndexStore) ->
     assert worker.status.batches_lost == 3 and worker.last_seq is None
 
 
+async def test_the_status_carries_the_streams_counters(store: IndexStore) -> None:
+    counted = WorkerStatus(
+        WorkerState.LIVE, 5.0, gaps=2, replays=3, restarts=1, lag_batches=40, lag_seconds=1.5
+    )
+    await store.set_status(B, counted)
+    (worker,) = await store.list_workers()
+    assert worker.status == counted
+    await store.set_status(B, WorkerStatus(WorkerState.LIVE, 5.0))  # a new stream: from 0
+    (worker,) = await store.list_workers()
+    assert (worker.status.gaps, worker.status.lag_seconds) == (0, 0.0)
+
+
 async def test_remove_worker_forgets_it(store: IndexStore) -> None:
     await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
     await store.remove_worker(A)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -54,12 +55,13 @@ def _console(message: ConsoleMessage, errors: list[str]) -> None:
 
 
 async def fleet_rows(page: Page) -> dict[str, dict[str, str]]:
-    """The fleet table as {pod: {state, blocks, seq}}."""
+    """The fleet table as {pod: {state, blocks, seq, lag}}."""
     rows: list[dict[str, str]] = await page.eval_on_selector_all(
         "#fleet tbody tr",
         """rows => rows.map(r => ({pod: r.dataset.pod, state: r.dataset.state,
             blocks: r.querySelector('.blocks').textContent,
-            seq: r.querySelector('.seq').textContent}))""",
+            seq: r.querySelector('.seq').textContent,
+            lag: r.querySelector('.lag').textContent}))""",
     )
     return {r["pod"]: r for r in rows}
 
@@ -113,6 +115,8 @@ async def test_the_page_shows_the_fleet_finds_a_session_and_matches_the_api(
         )
         listed = (await api.get("/v1/pods")).json()["pods"]
         assert sorted(pods) == sorted(p["pod"] for p in listed)
+        lags = [r["lag"] for r in (await fleet_rows(page)).values()]
+        assert all(re.fullmatch(r"\d+ \(\d+\.\d s\)", lag) for lag in lags), lags
 
         sessions = (await api.get("/v1/sessions", params={"limit": "25"})).json()["sessions"]
         assert sessions, "the demo has sessions"

@@ -43,6 +43,22 @@ async def test_a_gap_is_repaired_by_replay_before_the_message_that_revealed_it(
     assert (await r.view()).status.state is WorkerState.LIVE
 
 
+async def test_the_stored_status_carries_the_gap_and_the_replay(rig: RigFactory) -> None:
+    """What /v1/pods shows of the stream: written with the status, at least every audit."""
+    r = await rig(options=replace(FAST, index_audit=0.1))
+    for i in range(15):
+        await r.publisher.send(payload([stored([i])]), deliver=not 5 <= i < 10)
+    await r.applied_through(14)
+
+    async def counted() -> bool:
+        status = (await r.view()).status
+        return (status.gaps, status.restarts, status.lag_batches) == (1, 0, 0) and (
+            status.replays >= 2  # the catch-up at connect, and the gap's
+        )
+
+    await eventually(counted)
+
+
 async def test_live_messages_during_a_slow_replay_are_held_then_applied_in_order_once(
     rig: RigFactory,
 ) -> None:
