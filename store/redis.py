@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -75,11 +76,16 @@ burst of API reads share the pool."""
 
 POOL_WAIT = 5.0
 
+CLOSE_SECONDS = 5.0
+"""Longest wait for each step of `close`."""
+
 _SKIPPED = ("duplicate", "previous_engine")
 _NO_MIRROR = "-"
 """Expected version of a writer without a mirror: never stored, so a write answers stale."""
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _RECORDS = msgspec.msgpack.Encoder()
 
@@ -549,7 +555,18 @@ class RedisStore(RedisReader, RedisInstances):
                 mirror.forget(sid for sid, s in zip(chunk, scores, strict=True) if s is None)
 
     async def close(self) -> None:
-        await self._stop_feed()
+        """The feed pump, the direct connection, the pool: each step bounded by
+        CLOSE_SECONDS (logged if it runs out), so a stuck step cannot hang a shutdown. A
+        test's teardown once waited 300 s here, cause not found (issue 8's note)."""
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("feed pump", self._stop_feed),
+            ("connections", self._client.aclose),
+        ]
         if self._direct is not None:
-            await self._direct.aclose()
-        await self._client.aclose()
+            steps.insert(1, ("direct connection", self._direct.aclose))
+        for name, step in steps:
+            try:
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await step()
+            except TimeoutError:
+                log.warning("redis store: closing %s took over %ss; left", name, CLOSE_SECONDS)
