@@ -37,6 +37,7 @@ from store.model import (
     advance,
     decide,
     fell_behind,
+    next_position,
     reprefill_tokens,
     tally_losses,
 )
@@ -264,15 +265,10 @@ class MemoryStore:
         res.lost = 0
         if event.block_size is not None:
             res.block_size = event.block_size
-        if hashes:  # `Frontier`'s rules, inlined: a call per store cost ~5% of ingest
-            parent = event.parent_block_hash
-            if parent is None:
-                res.position = len(hashes) - 1
-            elif parent == res.frontier:
-                if res.position is not None:
-                    res.position += len(hashes)
-            elif hashes[-1] != res.frontier:
-                res.position = None
+        if hashes:
+            res.position = next_position(
+                res.position, res.frontier, event.parent_block_hash, hashes
+            )
             res.frontier = hashes[-1]
         held = res.blocks.get(pk)
         if held is None:

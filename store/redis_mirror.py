@@ -32,6 +32,7 @@ from store.model import (
     Holders,
     PartKey,
     advance,
+    next_position,
 )
 from store.redis_layout import (
     BUCKETS,
@@ -341,15 +342,10 @@ class Mirror:
         res.lost = 0
         if event.block_size is not None:
             res.block_size = event.block_size
-        if hashes:  # store.model.Frontier's rules, inlined as in store.memory
-            parent = event.parent_block_hash
-            if parent is None:
-                res.position = len(hashes) - 1
-            elif parent == res.frontier:
-                if res.position is not None:
-                    res.position += len(hashes)
-            elif hashes[-1] != res.frontier:
-                res.position = None
+        if hashes:
+            res.position = next_position(
+                res.position, res.frontier, event.parent_block_hash, hashes
+            )
             res.frontier = hashes[-1]
         added: list[Hash] = []
         fresh: list[Hash] = []

@@ -282,30 +282,27 @@ class RedisReader:
         limit: int,
         cursor: str | None,
     ) -> Page[Hash] | None:
-        """Two pipelined rounds: where the session is (and in which parts), then SUNION of its
-        sets per worker, in Redis. Every page reads all its blocks: O(session blocks)."""
-        workers = await self._known()
-        pipe = self._pipeline()
-        pipe.zscore(self._retired_key, session_id)
-        for w in workers:
-            keys = self.worker_keys(w)
-            pipe.zscore(keys.seen, session_id)
-            pipe.hget(keys.res, session_id)
-            pipe.hgetall(keys.parts)
-        retired, *out = await pipe.execute()
-        if all(s is None for s in [retired, *out[0::3]]):
+        """Where the session is (`_locate`, as `get_session`), the parts of the workers holding
+        it if a medium is asked, then SUNION of its sets per worker, in Redis: two or three
+        pipelined rounds. Every page reads all its blocks: O(session blocks)."""
+        located = await self._locate(session_id)
+        if located is None:
             return None
+        held_on = [(w, raw) for w, raw in located[1] if pod is None or w.pod == pod]
+        parts: list[Any] = [None] * len(held_on)
+        if medium is not None and held_on:
+            pipe = self._pipeline()
+            for w, _ in held_on:
+                pipe.hgetall(self.worker_keys(w).parts)
+            parts = await pipe.execute()
         pipe = self._pipeline()
         unions = 0
-        for w, raw, parts in zip(workers, out[1::3], out[2::3], strict=True):
-            if raw is None or (pod is not None and w.pod != pod):
-                continue
+        for (w, raw), part_names in zip(held_on, parts, strict=True):
             keys = self.worker_keys(w)
-            held = decode_residency(raw)[1]
             sets = [
                 keys.session(pid, session_id)
-                for pid in held
-                if medium is None or _medium(parts, pid) == medium
+                for pid in decode_residency(raw)[1]
+                if medium is None or _medium(part_names, pid) == medium
             ]
             if sets:
                 # execute_command: the cluster pipeline refuses multi-key helpers, even
