@@ -198,6 +198,11 @@ class Mirror:
         """Rows of residencies a clear ended in the batch being planned."""
         self._index_changes: dict[Part, dict[Hash, bool]] = {}
         """Entry index changes not written yet (see `apply`)."""
+        self._touched: dict[str, Residency] = {}
+        self._seen: dict[str, float] = {}
+        """Residencies and last-seen scores (-ts) the run so far changed (see `apply`)."""
+        self._log: list[str] = []
+        """Version log entries of the run so far, oldest first."""
 
     # -- loading (store.redis reads the keys, this rebuilds the maps) -----------------------
 
@@ -243,14 +248,17 @@ class Mirror:
         """The batch's delta for an APPLIED or RESTARTED outcome.
 
         The ops follow the events in order (apply.lua replays them in order), so nothing is
-        merged across events: each event's writes go straight into the Plan, and only the
-        touched residencies are written once, at the end, with their final values. The
-        entry index's changes are the exception: kept per member and written per bucket
-        (variadic) once the batch is planned, or, for a run of batches landing in one call,
-        after its `last` one: a bucket then gets several members per command, not one.
+        merged across events: each event's writes go straight into the Plan. What holds one
+        value per session or per worker is written once, with its final value: the touched
+        residencies, their last-seen scores, the counts, fence and version (with the version
+        log's entries in one LPUSH), and the entry index's changes (per bucket, variadic).
+        That is once per batch, or, for a run of batches landing in one call (`last` False
+        for all but its last), once per run: their keys are not among the ones a clear
+        deletes, so writing them after the run's other ops leaves what writing each batch's
+        in turn would.
         """
         plan = Plan(self.keys)
-        touched: dict[str, Residency] = {}
+        touched = self._touched
         self._delta = {}
         self._closed = []
         if outcome is ApplyOutcome.RESTARTED:
@@ -271,33 +279,44 @@ class Mirror:
             elif isinstance(event, AllCleared):
                 self._clear_in(plan, touched)
         self.fence = fence = advance(self.fence, outcome, batch.seq, ts)
-        if touched:
-            args: list[Arg] = []
-            for sid, res in touched.items():
-                args += (sid, res.value())
-            plan.call(HSET, self.keys.res, args)
         if self._delta or self._closed:
             self._feed_in(plan, ts, losses=True)
-        if last:
-            self._write_index(plan)
-        self._finish(
-            plan,
-            token,
-            batch_id(batch),
-            ["seq", fence.seq, "epoch", fence.epoch_ts, "last_ts", fence.last_ts, "event_at", now],
-        )
         if stored:
             # Global last_seen is the max over workers; -t so that ascending order is the
             # listing order, and LT keeps the max. A new session starts at 0, as in memory.
             score = -max(ts, 0.0)
-            zargs: list[Arg] = []
+            seen = self._seen
             for sid in stored:
+                old = seen.get(sid)
+                if old is None or score < old:
+                    seen[sid] = score
+        meta: list[Arg] = [
+            "seq", fence.seq, "epoch", fence.epoch_ts, "last_ts", fence.last_ts, "event_at", now
+        ]  # fmt: skip
+        self._finish(plan, token, batch_id(batch), meta, last=last)
+        if last:
+            self._write_run(plan, now)
+        return plan
+
+    def _write_run(self, plan: Plan, now: float) -> None:
+        """The entry index's changes, residencies, last-seen scores and status start that the
+        batches since the last call touched, with their final values (see `apply`)."""
+        self._write_index(plan)
+        if self._touched:
+            args: list[Arg] = []
+            for sid, res in self._touched.items():
+                args += (sid, res.value())
+            plan.call(HSET, self.keys.res, args)
+            self._touched = {}
+        if self._seen:
+            zargs: list[Arg] = []
+            for sid, score in self._seen.items():
                 zargs += (score, sid)
             plan.call(ZADD, self.keys.seen, zargs, lead=("LT",))
+            self._seen = {}
         if not self.has_status:
             plan.call(HSETNX, self.keys.meta, ["since", now])
             self.has_status = True
-        return plan
 
     def _store_in(
         self,
@@ -700,8 +719,15 @@ class Mirror:
         self._finish(plan, token, name, meta)
         return plan
 
-    def _finish(self, plan: Plan, token: str, name: str, meta: list[Arg]) -> None:
-        """Counts, version and its log entry (`name`: the batch, "" for other writes)."""
+    def _finish(
+        self, plan: Plan, token: str, name: str, meta: list[Arg], *, last: bool = True
+    ) -> None:
+        """Counts, version and its log entry (`name`: the batch, "" for other writes); with
+        `last` False only the log entry, kept for the run's last call (see `apply`)."""
+        self._log.append(f"{self.ver} {token} {name}")
+        self.writes += 1
+        if not last:
+            return
         if not self.indexed:
             self._build_index(plan)
             meta = [*meta, "idx", 1]
@@ -721,9 +747,9 @@ class Mirror:
                 *meta,
             ],
         )
-        plan.call(LPUSH, self.keys.vlog, [f"{self.ver} {token} {name}"])
-        self.writes += 1
-        if not self.writes % VLOG_LENGTH:
-            # Trimmed every VLOG_LENGTH writes, not each: the list stays under twice that
+        log, self._log = self._log, []
+        plan.call(LPUSH, self.keys.vlog, log)  # the newest ends first
+        if self.writes // VLOG_LENGTH != (self.writes - len(log)) // VLOG_LENGTH:
+            # Trimmed once per VLOG_LENGTH writes, not each: the list stays under twice that
             # per writer, for one command in VLOG_LENGTH.
             plan.call(LTRIM, self.keys.vlog, [0, VLOG_LENGTH - 1])
