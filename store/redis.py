@@ -90,6 +90,11 @@ log = logging.getLogger(__name__)
 _RECORDS = msgspec.msgpack.Encoder()
 
 
+def _guard(expect: Fence | None) -> str:
+    """apply.lua's ARGV[6]: the fence the writer last saw stored, or "" (no check)."""
+    return "" if expect is None else f"{expect.seq} {expect.epoch_ts!r}"
+
+
 def _all_applied(mirror: Mirror, batches: Sequence[Batch]) -> bool:
     """Whether the mirror's fence rule applies every batch, one after the other."""
     fence = mirror.fence
@@ -204,7 +209,7 @@ class RedisStore(RedisReader, RedisInstances):
         session set, one per session holding a removed block, and a few per batch.
         """
         w = self._writer(worker)
-        guard = "" if expect is None else f"{expect.seq} {expect.epoch_ts!r}"
+        guard = _guard(expect)
         async with w.lock:
             load = False
             for _ in range(WRITE_ATTEMPTS):
@@ -251,7 +256,7 @@ class RedisStore(RedisReader, RedisInstances):
         before = mirror.ver
         plan = Plan(w.keys)
         now = time.time()
-        guard = "" if expect is None else f"{expect.seq} {expect.epoch_ts!r}"
+        guard = _guard(expect)
         try:
             for i, batch in enumerate(batches, 1):
                 token = self._token()
