@@ -205,8 +205,9 @@ def machine_cpu() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def sample(base: str, redis_port: int | None) -> Sample:
-    text = httpx.get(f"{base}/metrics", timeout=10).text
+def sample(bases: list[str], redis_port: int | None) -> Sample:
+    """Metrics summed over the service's processes (`bases`: each one's /metrics root)."""
+    text = "".join(httpx.get(f"{base}/metrics", timeout=10).text for base in bases)
     redis_cpu = 0.0
     if redis_port is not None:
         info = redis.Redis(port=redis_port).info("cpu")
@@ -215,8 +216,11 @@ def sample(base: str, redis_port: int | None) -> Sample:
         at=time.monotonic(),
         block_events=metric(text, "kvsi_fleet_block_events_total"),
         cpu=metric(text, "process_cpu_seconds_total"),
-        full_gcs=float(
-            re.findall(r'^python_gc_collections_total{generation="2"} ([0-9.e+]+)$', text, re.M)[0]
+        full_gcs=sum(
+            float(v)
+            for v in re.findall(
+                r'^python_gc_collections_total{generation="2"} ([0-9.e+]+)$', text, re.M
+            )
         ),
         lost=metric(text, "kvsi_fleet_batches_lost_total"),
         redis_cpu=redis_cpu,
@@ -225,7 +229,12 @@ def sample(base: str, redis_port: int | None) -> Sample:
 
 
 async def measure(
-    args: argparse.Namespace, fleet: Fleet, base: str, port: int, rps: float, redis_port: int | None
+    args: argparse.Namespace,
+    fleet: Fleet,
+    bases: list[str],
+    port: int,
+    rps: float,
+    redis_port: int | None,
 ) -> dict[str, Any]:
     """One point: loadgen at `rps` for `--duration` s, with the service's figures around it."""
     total = int(rps * args.duration)
@@ -233,7 +242,7 @@ async def measure(
     published = fleet.block_events
     cpu = time.process_time()
     children = _children_cpu()
-    before = await asyncio.to_thread(sample, base, redis_port)
+    before = await asyncio.to_thread(sample, bases, redis_port)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).with_name("loadgen.py")),
         "--port", str(port), "--rps", str(rps), "--duration", str(args.duration),
@@ -241,7 +250,7 @@ async def measure(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     out, _ = await proc.communicate(requests.encode())
-    after = await asyncio.to_thread(sample, base, redis_port)
+    after = await asyncio.to_thread(sample, bases, redis_port)
     if proc.returncode != 0:
         raise RuntimeError(f"loadgen exited with {proc.returncode}")
     report: dict[str, Any] = json.loads(out)
@@ -301,8 +310,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def service(store: str, publishers: list[dict[str, Any]], port: int) -> Iterator[Path]:
-    """`kvsi serve` on `port`, its log in a file; yields the log's path, stops it after.
+def service(
+    store: str, publishers: list[dict[str, Any]], port: int, *options: str
+) -> Iterator[Path]:
+    """`kvsi serve` on `port` (with `options`), its log in a file; yields the log's path,
+    stops it after.
 
     In a session of its own, as the loadgen: Linux's autogroup scheduler then shares the
     cores between the service, the load and the publishers as between containers, instead
@@ -315,7 +327,8 @@ def service(store: str, publishers: list[dict[str, Any]], port: int) -> Iterator
     }
     with log.open("w") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvsi", "serve", "--port", str(port), "--store", store],
+            [sys.executable, "-m", "kvsi", "serve", "--port", str(port), "--store", store,
+             *options],
             env=env, stdout=sink, stderr=sink, cwd=REPO, start_new_session=True,
         )  # fmt: skip
     try:
@@ -339,7 +352,19 @@ async def run(args: argparse.Namespace, store: str, redis_port: int | None) -> l
     results = []
     try:
         await fleet.prefill(args.sessions)
-        with service(store, fleet.publishers(), port) as log:
+        with contextlib.ExitStack() as stack:
+            bases = [base]
+            if args.split:
+                # The sidecar shape: ingest in a process of its own, the API reading Redis.
+                ingest_port = free_port()
+                stack.enter_context(
+                    service(store, fleet.publishers(), free_port(), "--no-api",
+                            "--metrics-port", str(ingest_port))
+                )  # fmt: skip
+                bases.append(f"http://127.0.0.1:{ingest_port}")
+                log = stack.enter_context(service(store, [], port, "--no-ingest"))
+            else:
+                log = stack.enter_context(service(store, fleet.publishers(), port))
             try:
                 built = time.monotonic()
                 async with asyncio.timeout(BUILD_SECONDS):
@@ -357,7 +382,7 @@ async def run(args: argparse.Namespace, store: str, redis_port: int | None) -> l
                     for rps in points if n % 2 == 0 else points[::-1]:
                         async with asyncio.timeout(BUILD_SECONDS):
                             await settled(base)
-                        report = await measure(args, fleet, base, port, rps, redis_port)
+                        report = await measure(args, fleet, bases, port, rps, redis_port)
                         report |= {"rps": rps, "run": n + 1}
                         print(line(report), flush=True)
                         for kind in report["kinds"].values():
@@ -441,7 +466,14 @@ def main() -> None:
     parser.add_argument("--ingest-rate", type=float, default=50_000, help="block-events/s")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--warmup", type=float, default=5, help="seconds of ingest before")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="redis: ingest (--no-api) and API (--no-ingest) in two processes",
+    )
     args = parser.parse_args()
+    if args.split and args.store != "redis":
+        parser.error("--split needs --store redis: the memory store lives in one process")
     configure_logging("warning", "console")
     if args.store == "memory":
         results = asyncio.run(run(args, "memory", None))
