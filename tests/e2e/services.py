@@ -330,17 +330,24 @@ def per_worker(samples: Samples, name: str, pod: str, **labels: str) -> float:
     return samples.get((name, key), 0.0)
 
 
-async def snapshot(client: httpx.AsyncClient, pod_names: list[str]) -> dict[str, Any]:
-    """Everything the API tells about the index, minus this service's own clock.
+STREAM_FIELDS = frozenset(
+    ("state_since", "last_event_at", "gaps", "replays", "restarts", "lag_batches", "lag_seconds")
+)
+"""/v1/pods fields of the writing process's stream, not of the index: its clock, what its
+own subscription met (two processes on one fleet may see different gaps), and its lag as
+last stored (refreshed at least every audit, so a snapshot taken right after catching up
+may still show the lag of the last write during traffic)."""
 
-    `state_since` and `last_event_at` are the writing process's clock, so they are left
-    out; engine times (`last_seen`) are kept: every process must store the same ones.
+
+async def snapshot(client: httpx.AsyncClient, pod_names: list[str]) -> dict[str, Any]:
+    """Everything the API tells about the index, minus what belongs to the process that
+    wrote it (`STREAM_FIELDS`); engine times (`last_seen`) are kept: every process must
+    store the same ones.
     """
     listed = await pods(client)
     out: dict[str, Any] = {
         "pods": {
-            pod: {k: v for k, v in p.items() if k not in ("state_since", "last_event_at")}
-            for pod, p in listed.items()
+            pod: {k: v for k, v in p.items() if k not in STREAM_FIELDS} for pod, p in listed.items()
         }
     }
     for pod in pod_names:
