@@ -120,8 +120,13 @@ class WorkerKeys:
 
     def entries(self, pid: int) -> list[str]:
         """The part's entry index: bucket key per `bucket(h)`, every hash the part holds."""
-        head = f"{self.base}e:{pid}:"
+        head = self.entry_base(pid)
         return [f"{head}{b}" for b in range(BUCKETS)]
+
+    def entry_base(self, pid: int) -> str:
+        """What the part's entry-index bucket keys start with (then the bucket number):
+        apply.lua names a bucket from it and a member (`bucket` in Lua)."""
+        return f"{self.base}e:{pid}:"
 
     def unconfirmed(self, pid: int) -> str:
         """Entries of the part held over an unrepaired gap, not stored again since."""

@@ -35,7 +35,6 @@ from store.model import (
     next_position,
 )
 from store.redis_layout import (
-    BUCKETS,
     NO_PROGRESS,
     Progress,
     WorkerKeys,
@@ -48,11 +47,14 @@ from store.redis_layout import (
 from store.redis_plan import (
     HSET,
     HSETNX,
+    INDEX_ADD,
+    INDEX_DEL,
     LPUSH,
     LTRIM,
     SADD,
     SREM,
     SREM1,
+    STORE_INDEXED,
     XADD,
     ZADD,
     Arg,
@@ -72,7 +74,6 @@ FEED_LENGTH = 1000
 lag behind (it reads every ~50 ms); resuming a watch uses the replica's own history."""
 
 _ENCODER = msgspec.msgpack.Encoder()
-_MASK = BUCKETS - 1
 
 
 def batch_id(batch: Batch) -> str:
@@ -87,7 +88,7 @@ def batch_id(batch: Batch) -> str:
 class Part:
     """One (medium, group) of the worker: entry -> holders, and entries still unconfirmed."""
 
-    __slots__ = ("ekeys", "group", "holders", "medium", "okey", "pending", "pid", "ukey")
+    __slots__ = ("ebase", "ekeys", "group", "holders", "medium", "okey", "pending", "pid", "ukey")
 
     def __init__(self, keys: WorkerKeys, pid: int, medium: str, group: int) -> None:
         self.pid = pid
@@ -99,6 +100,7 @@ class Part:
         self.ukey = keys.unconfirmed(pid)
         self.ekeys = keys.entries(pid)
         """The entry index's bucket keys, by `bucket(h)`."""
+        self.ebase = keys.entry_base(pid)
 
 
 class Residency:
@@ -196,8 +198,6 @@ class Mirror:
         """Per session, [added, removed] in the batch being planned (the feed's rows)."""
         self._closed: list[ResidencyRow] = []
         """Rows of residencies a clear ended in the batch being planned."""
-        self._index_changes: dict[Part, dict[Hash, bool]] = {}
-        """Entry index changes not written yet (see `apply`)."""
         self._touched: dict[str, Residency] = {}
         self._seen: dict[str, float] = {}
         """Residencies and last-seen scores (-ts) the run so far changed (see `apply`)."""
@@ -248,14 +248,14 @@ class Mirror:
         """The batch's delta for an APPLIED or RESTARTED outcome.
 
         The ops follow the events in order (apply.lua replays them in order), so nothing is
-        merged across events: each event's writes go straight into the Plan. What holds one
-        value per session or per worker is written once, with its final value: the touched
-        residencies, their last-seen scores, the counts, fence and version (with the version
-        log's entries in one LPUSH), and the entry index's changes (per bucket, variadic).
-        That is once per batch, or, for a run of batches landing in one call (`last` False
-        for all but its last), once per run: their keys are not among the ones a clear
-        deletes, so writing them after the run's other ops leaves what writing each batch's
-        in turn would.
+        merged across events: each event's writes go straight into the Plan (entry-index
+        changes as marks that apply.lua writes per bucket at the end of the call). What holds
+        one value per session or per worker is written once, with its final value: the
+        touched residencies, their last-seen scores, the counts, fence and version (with the
+        version log's entries in one LPUSH). That is once per batch, or, for a run of batches
+        landing in one call (`last` False for all but its last), once per run: their keys are
+        not among the ones a clear deletes, so writing them after the run's other ops leaves
+        what writing each batch's in turn would.
         """
         plan = Plan(self.keys)
         touched = self._touched
@@ -299,9 +299,8 @@ class Mirror:
         return plan
 
     def _write_run(self, plan: Plan, now: float) -> None:
-        """The entry index's changes, residencies, last-seen scores and status start that the
-        batches since the last call touched, with their final values (see `apply`)."""
-        self._write_index(plan)
+        """The residencies, last-seen scores and status start that the batches since the last
+        call touched, with their final values (see `apply`)."""
         if self._touched:
             args: list[Arg] = []
             for sid, res in self._touched.items():
@@ -345,8 +344,7 @@ class Mirror:
                     holders[h] = None
                     new.append(h)
             if new:
-                plan.call(SADD, part.okey, members(new))
-                self._index(part, new, True)
+                plan.index(STORE_INDEXED, part.ebase, members(new), part.okey)
             return
         res = self.res.get(event.session_id)
         if res is None:
@@ -393,9 +391,13 @@ class Mirror:
             plan.call(SREM, part.okey, members(adopted))
         if added:
             pid = part.pid
-            plan.call(SADD, res.keys.get(pid) or self._key(res, pid), members(added))
-            if fresh:
-                self._index(part, fresh, True)
+            key = res.keys.get(pid) or self._key(res, pid)
+            if len(fresh) == len(added):  # all new to the worker: the common case
+                plan.index(STORE_INDEXED, part.ebase, members(added), key)
+            else:
+                plan.call(SADD, key, members(added))
+                if fresh:
+                    plan.index(INDEX_ADD, part.ebase, members(fresh))
             n = len(added)
             if not res.total:
                 self.nonempty += 1
@@ -444,9 +446,9 @@ class Mirror:
                     group.append(h)
         if orphans:
             plan.call(SREM, part.okey, members(orphans))
+        if gone:
+            plan.index(INDEX_DEL, part.ebase, members(gone))
         if not groups:
-            if gone:
-                self._index(part, gone, False)
             return
         single_keys: list[str] = []
         singles: list[Hash] = []
@@ -476,7 +478,6 @@ class Mirror:
                 delta[1] += n
         if singles:
             plan.singles(SREM1, single_keys, members(singles))
-        self._index(part, gone, False)
 
     def _clear_in(self, plan: Plan, touched: dict[str, Residency]) -> None:
         # The feed's rows as the memory store has them: every residency of the batch so far,
@@ -490,35 +491,10 @@ class Mirror:
             elif res.total:
                 closed.append((sid, 0, res.total, 0))
         self._delta = {}
-        self._index_changes = {}  # the DEL below ends every entry planned so far
         d = _Delta()
         self._clear(d)
         plan.delete(d.deletes)
         touched.update(d.touched)
-
-    def _index(self, part: Part, hashes: Iterable[Hash], present: bool) -> None:
-        """Entries that appeared in (True) or left (False) the part: the last change wins."""
-        changes = self._index_changes.get(part)
-        if changes is None:
-            changes = self._index_changes[part] = {}
-        for h in hashes:
-            changes[h] = present
-
-    def _write_index(self, plan: Plan) -> None:
-        """The entry index's planned changes: one SADD and one SREM per touched bucket."""
-        for part, changes in self._index_changes.items():
-            ekeys = part.ekeys
-            added: dict[str, list[Hash]] = {}
-            removed: dict[str, list[Hash]] = {}
-            for h, present in changes.items():
-                key = ekeys[h & _MASK] if isinstance(h, int) else ekeys[bucket(h)]
-                group = (added if present else removed).setdefault(key, [])
-                group.append(h)
-            for key, hashes in removed.items():
-                plan.call(SREM, key, members(hashes))
-            for key, hashes in added.items():
-                plan.call(SADD, key, members(hashes))
-        self._index_changes = {}
 
     def mark_unconfirmed(self, token: str) -> tuple[Plan, int]:
         """Copy every part's entries to its unconfirmed set (SUNIONSTORE, server side)."""

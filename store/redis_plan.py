@@ -31,16 +31,25 @@ LTRIM = "t"
 DEL = "d"
 SUNIONSTORE = "u"
 XADD = "x"
+STORE_INDEXED = "F"
+"""SADD to the op's key, and each member into the entry index (apply.lua buckets it)."""
+INDEX_ADD = "I"
+INDEX_DEL = "G"
+"""Members into (I) or out of (G) the entry index; no key of their own."""
+INDEX_BASE = "B"
+"""The op's key starts the entry-index bucket names the next F/I/G ops write (a part's)."""
 
 
 class Plan:
     """KEYS (meta and version log first, for the guard) and ARGV ops for one apply.lua call."""
 
-    __slots__ = ("keys", "ops")
+    __slots__ = ("_base", "keys", "ops")
 
     def __init__(self, keys: WorkerKeys) -> None:
         self.keys: list[str] = [keys.meta, keys.vlog]
         self.ops: list[Arg] = []
+        self._base: str | None = None
+        """The entry-index base the script will have when it reaches the end of `ops`."""
 
     def call(self, code: str, key: str, args: Sequence[Arg], lead: Sequence[Arg] = ()) -> None:
         """One command on one key; long arg lists split into several (each with `lead` first).
@@ -64,6 +73,8 @@ class Plan:
         worker, planned in order, become one apply.lua call that checks the guard once."""
         self.keys += other.keys[2:]
         self.ops += other.ops
+        if other._base is not None:
+            self._base = other._base
 
     def singles(self, code: str, keys: Sequence[str], args: Sequence[Arg]) -> None:
         """One command per key with one arg each (`code` SREM1): two args per key, not four.
@@ -75,6 +86,26 @@ class Plan:
         ops.append(len(keys))
         ops += args
         self.keys += keys
+
+    def index(self, code: str, base: str, members: Sequence[Arg], key: str | None = None) -> None:
+        """Entry-index changes of one part (`base`: `WorkerKeys.entry_base`), in op order:
+        INDEX_ADD or INDEX_DEL, or STORE_INDEXED, which also SADDs `members` to `key`.
+
+        apply.lua works out each member's bucket and writes every bucket once, at the end of
+        the call (or before a DEL): the client sends no per-bucket keys or groups, and a
+        member stored by a session is sent once, not twice.
+        """
+        if base != self._base:
+            self.keys.append(base)
+            self.ops += (INDEX_BASE, 0)
+            self._base = base
+        for start in range(0, len(members), MAX_ARGS):
+            chunk = members[start : start + MAX_ARGS]
+            if key is not None:
+                self.keys.append(key)
+            self.ops.append(code)
+            self.ops.append(len(chunk))
+            self.ops += chunk
 
     def delete(self, keys: Sequence[str]) -> None:
         """DEL of many keys."""

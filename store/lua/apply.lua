@@ -14,7 +14,13 @@
 --            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R
 --            (SREM of one member per key) the next `count` keys and `count` args, one
 --            each. An XADD op (the change feed's record) runs only here, after the checks:
---            a duplicate or stale call adds nothing, so each applied batch is in the feed once
+--            a duplicate or stale call adds nothing, so each applied batch is in the feed once.
+--            Entry index: B takes the next key as the base of the bucket names that follow
+--            (a part's `P:{W}:e:<pid>:`); F SADDs its `count` args to the next key and marks
+--            each in the index, I marks args in it, G marks them out of it (no key). Marks
+--            are kept per member, the last one winning, and written once per bucket at the
+--            end of the call, or before a DEL (which may delete buckets). The bucket keys are
+--            named here, not declared: keys of the same worker, so of the declared keys' slot
 -- Returns {outcome, current version, next version, next batch id}: outcome is one of
 -- store.model.ApplyOutcome's values, "lost" (then the third item is the stored seq, or
 -- ""), or "stale" (the mirror is not the stored version: nothing
@@ -25,6 +31,59 @@ local CMD = {
   z = 'ZADD', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
 }
 local ONE = {R = 'SREM'}
+local CHUNK = 4000
+
+-- A member's entry-index bucket, as store.redis_layout.bucket computes it from the hash:
+-- a digest's last byte, else the u64's low 7 bits. The member is the u64 as a signed
+-- decimal; 10^7 is a multiple of 128, so its last 7 digits carry its low 7 bits, and a
+-- negative one (the u64 minus 2^64, also a multiple of 128) counts down from 128.
+local function bucket(m)
+  local first = string.byte(m, 1)
+  if first == 0 then
+    return string.byte(m, -1) % 128
+  end
+  if first == 45 then
+    return (128 - tonumber(string.sub(m, math.max(2, #m - 6))) % 128) % 128
+  end
+  return tonumber(string.sub(m, -7)) % 128
+end
+
+local base, marks, touched = nil, {}, {}
+local function mark(from, to, present)
+  for j = from, to do
+    local m = ARGV[j]
+    local key = base .. bucket(m)
+    local t = marks[key]
+    if not t then
+      t = {}
+      marks[key] = t
+      touched[#touched + 1] = key
+    end
+    t[m] = present
+  end
+end
+
+local function write(cmd, key, list)
+  for s = 1, #list, CHUNK do
+    redis.call(cmd, key, unpack(list, s, math.min(s + CHUNK - 1, #list)))
+  end
+end
+
+local function flush()
+  for _, key in ipairs(touched) do
+    local add, rem = {}, {}
+    for m, present in pairs(marks[key]) do
+      if present then
+        add[#add + 1] = m
+      else
+        rem[#rem + 1] = m
+      end
+    end
+    write('SREM', key, rem)
+    write('SADD', key, add)
+  end
+  marks, touched = {}, {}
+end
 
 local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
 local ver = m[4] or ''
@@ -72,13 +131,27 @@ local i, k, n = 7, 3, #ARGV
 while i <= n do
   local code, count = ARGV[i], tonumber(ARGV[i + 1])
   local one = ONE[code]
-  if one then
+  if code == 'F' or code == 'I' or code == 'G' then
+    if code == 'F' then
+      redis.call('SADD', KEYS[k], unpack(ARGV, i + 2, i + 1 + count))
+      k = k + 1
+    end
+    mark(i + 2, i + 1 + count, code ~= 'G')
+    i = i + 2 + count
+  elseif code == 'B' then
+    base = KEYS[k]
+    k = k + 1
+    i = i + 2
+  elseif one then
     for j = 0, count - 1 do
       redis.call(one, KEYS[k + j], ARGV[i + 2 + j])
     end
     k = k + count
     i = i + 2 + count
   elseif code == 'd' or code == 'u' then
+    if code == 'd' then
+      flush()
+    end
     redis.call(CMD[code], unpack(KEYS, k, k + count - 1))
     k = k + count
     i = i + 2
@@ -88,4 +161,5 @@ while i <= n do
     i = i + 2 + count
   end
 end
+flush()
 return {outcome, ver, '', ''}

@@ -1,4 +1,5 @@
-"""The apply path's wire: single-member removals (SREM1), and DirectScript's auto-pipelining.
+"""The apply path's wire: single-member removals (SREM1), the entry index apply.lua buckets
+itself, and DirectScript's auto-pipelining.
 
 Every index test compares with the memory store through the read side (see
 test_redis_writers.snapshot).
@@ -7,16 +8,25 @@ test_redis_writers.snapshot).
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
 import redis.exceptions
 
 from store.memory import MemoryStore
-from store.model import AllCleared, ApplyOutcome, Batch, BlocksRemoved, BlocksStored, WorkerKey
-from store.redis_layout import WorkerKeys
+from store.model import (
+    AllCleared,
+    ApplyOutcome,
+    Batch,
+    BlocksRemoved,
+    BlocksStored,
+    Hash,
+    WorkerKey,
+)
+from store.redis_layout import WorkerKeys, bucket, member
 from store.redis_mirror import Mirror
-from store.redis_plan import SREM1
+from store.redis_plan import INDEX_BASE, INDEX_DEL, SREM1
 from store.redis_transport import DirectScript
 from tests.store.conftest import MakeStore
 from tests.store.test_redis_writers import snapshot
@@ -33,9 +43,43 @@ def test_removals_of_one_member_per_session_go_in_one_op() -> None:
     plan = mirror.apply(
         Batch(1, 2.0, [BlocksRemoved([0, 1, 2, 102, 103])]), ApplyOutcome.APPLIED, "v2", 0.0
     )
-    assert plan.ops[:4] == ["r", 2, 2, 102]  # s2 loses both of its blocks: a plain SREM
-    assert plan.ops[4:9] == [SREM1, 3, 0, 1, 103]  # s0, s1, s3 lose one each
-    assert plan.keys[3:6] == [WorkerKeys("p", WORKERS[0]).session(0, f"s{i}") for i in (0, 1, 3)]
+    keys = WorkerKeys("p", WORKERS[0])
+    assert plan.ops[:9] == [INDEX_BASE, 0, INDEX_DEL, 5, 0, 1, 2, 102, 103]  # out of the index
+    assert plan.ops[9:13] == ["r", 2, 2, 102]  # s2 loses both of its blocks: a plain SREM
+    assert plan.ops[13:18] == [SREM1, 3, 0, 1, 103]  # s0, s1, s3 lose one each
+    assert plan.keys[2:4] == [keys.entry_base(0), keys.session(0, "s2")]
+    assert plan.keys[4:7] == [keys.session(0, f"s{i}") for i in (0, 1, 3)]
+
+
+EDGES: list[Hash] = [
+    0, 1, 127, 128, 129, 9_999_999, 10_000_000, 10_000_127, 2**53 + 1, 2**63 - 1, 2**63,
+    2**63 + 1, 2**64 - 1, 2**64 - 128, 2**64 - 129, 2**64 - 10_000_000, 2**64 - 12_345_678,
+    b"", b"\x00", b"\x7f", b"\x80", b"\xff" * 32, bytes(range(16)),
+]  # fmt: skip
+"""Hashes around the edges of apply.lua's bucket arithmetic: 7-digit tails, the i64 sign."""
+
+
+async def test_apply_lua_buckets_the_entry_index_as_python_does(
+    make_store: MakeStore, raw: Any, prefix: str
+) -> None:
+    """apply.lua works out each member's bucket from its decimal (or digest) form; readers
+    compute it in Python (`bucket`): the two must agree for every hash, or prefix matches
+    miss blocks the worker holds."""
+    store = await make_store()
+    rng = random.Random(5)
+    hashes = [*EDGES, *(rng.getrandbits(64) for _ in range(300))]
+    stored = [BlocksStored(hashes[i : i + 7], "GPU", 0, f"s{i % 5}") for i in range(0, 330, 7)]
+    await store.apply(WORKERS[0], Batch(0, 1.0, stored))
+    keys = WorkerKeys(prefix, WORKERS[0])
+    expected: dict[int, set[bytes]] = {}
+    for h in hashes:
+        m = member(h)
+        expected.setdefault(bucket(h), set()).add(m if isinstance(m, bytes) else str(m).encode())
+    for b, key in enumerate(keys.entries(0)):
+        assert raw.smembers(key) == expected.get(b, set()), b
+    gone = hashes[::3]
+    await store.apply(WORKERS[0], Batch(1, 2.0, [BlocksRemoved(gone)]))
+    assert sum(raw.scard(key) for key in keys.entries(0)) == len(set(hashes) - set(gone))
 
 
 async def test_mixed_batches_match_the_memory_store(make_store: MakeStore) -> None:
