@@ -16,6 +16,7 @@ import structlog
 from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
@@ -155,6 +156,23 @@ class RequestMetrics:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._timers: dict[tuple[str, str], Histogram] = {}
+        self._counts: dict[tuple[str, str, int], Counter] = {}
+
+    def _timer(self, method: str, route: str) -> Histogram:
+        """The labelled series, kept: `labels()` takes a lock and formats the values per call."""
+        timer = self._timers.get((method, route))
+        if timer is None:
+            timer = self._timers[method, route] = HTTP_SECONDS.labels(method, route)
+        return timer
+
+    def _count(self, method: str, route: str, status: int) -> Counter:
+        count = self._counts.get((method, route, status))
+        if count is None:
+            count = self._counts[method, route, status] = HTTP_REQUESTS.labels(
+                method, route, str(status)
+            )
+        return count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -170,7 +188,7 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 timed = True
-                HTTP_SECONDS.labels(method, _route(scope)).observe(time.perf_counter() - started)
+                self._timer(method, _route(scope)).observe(time.perf_counter() - started)
             await send(message)
 
         try:
@@ -179,8 +197,8 @@ class RequestMetrics:
             elapsed = time.perf_counter() - started
             route_name = _route(scope)
             if not timed:
-                HTTP_SECONDS.labels(method, route_name).observe(elapsed)
-            HTTP_REQUESTS.labels(method, route_name, str(status)).inc()
+                self._timer(method, route_name).observe(elapsed)
+            self._count(method, route_name, status).inc()
             params = scope.get("path_params", {})
             log.info(
                 "http.request",

@@ -6,11 +6,14 @@ the error text (api.errors) cannot drift apart.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from fastapi import Path
+from fastapi import HTTPException, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from store.paging import SessionOrder
 
 SESSION_ID_PATTERN = r"^[\x21-\x2E\x30-\x7E]{1,256}$"
 """Printable ASCII without whitespace or '/': a '/' (even as %2F) would split the URL path."""
@@ -32,6 +35,8 @@ RULES: dict[str, str] = {
     "session_id": "must be 1..256 printable ASCII characters without whitespace or '/'",
     "pod": "must be a Kubernetes name: 1..253 of a-z, 0-9, '-', '.', "
     "starting and ending with a letter or digit",
+    "prefix": "must be 1..256 printable ASCII characters without whitespace or '/', "
+    "as a session id",
     "medium": "must be an uppercase medium such as GPU, CPU, DISK or STORAGE "
     "(A-Z first, then up to 31 of A-Z, 0-9, '_')",
 }
@@ -105,6 +110,18 @@ class QueryParams(BaseModel):
         return data
 
 
+async def once_each(request: Request) -> None:
+    """Dependency: a query parameter given twice is a 400. FastAPI keeps one of the values
+    silently, so `?prefix=a&prefix=b` would answer for `b` as if `a` had not been asked."""
+    counts = Counter(name for name, _ in request.query_params.multi_items())
+    repeated = sorted(name for name, n in counts.items() if n > 1)
+    if repeated:
+        raise HTTPException(
+            status_code=400,
+            detail=f"query parameter {', '.join(map(repr, repeated))} given more than once",
+        )
+
+
 class SessionBlocksQuery(QueryParams):
     """Filters and paging of a session's block hashes."""
 
@@ -115,9 +132,26 @@ class SessionBlocksQuery(QueryParams):
 
 
 class SessionListQuery(QueryParams):
-    """Filter and paging of the session list."""
+    """Filters, order and paging of the session list."""
 
     pod: str | None = _pod_filter("Only sessions with blocks resident on this pod.")
+    prefix: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        pattern=SESSION_ID_PATTERN,
+        description="Only sessions whose id starts with this (a whole id matches itself); it "
+        + RULES["prefix"]
+        + ".",
+        examples=["sess-00"],
+    )
+    order: SessionOrder = Field(
+        "last_seen",
+        description="`last_seen`: most recently seen first (sessions holding no blocks "
+        "included). `blocks`: most resident blocks first (over `pod` if given, else the "
+        "fleet), only sessions holding blocks; costs a read of every residency per page. "
+        "Ties by session id. A cursor only continues the order it came from.",
+    )
     limit: int = _limit()
     cursor: str | None = _cursor()
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from store.model import WorkerKey
 
+LIVE = "live"
+
 DEFAULT_WEIGHTS = {"GPU": 1.0, "CPU": 0.8}
 OTHER_MEDIUM_WEIGHT = 0.5
 
@@ -68,17 +70,33 @@ def rank(
     """The best `limit` candidates, best first, deterministic for equal scores.
 
     Only those lines are built: a route over a large fleet ranks every worker, most of them
-    with nothing of the session or prompt (score 0), and answers with a few.
+    with nothing of the session or prompt (score 0), and answers with a few. Those score 0
+    alike and tie on the rest but their state and name, so only their `limit` first in that
+    order can make the answer: they are found in the sorted candidates, the others never
+    keyed (a key per worker was most of a route's ranking).
     """
     states, sessions, prefixes = evidence.states, evidence.session_by_medium, evidence.prefix_media
+    held = [w for w in candidates if w in sessions or prefixes.get(w)]
     keys = []
-    for worker in candidates:
-        if worker in sessions or prefixes.get(worker):
-            score, session = _scores(worker, evidence, weights, by_prompt)
-        else:
-            score = session = 0.0  # nothing of the session or prompt: most of a large fleet
+    for worker in held:
+        score, session = _scores(worker, evidence, weights, by_prompt)
         # A WorkerKey orders as (pod, dp_rank): the last tie-breakers.
-        keys.append((-score, -session, states[worker] != "live", worker))
+        keys.append((-score, -session, states[worker] != LIVE, worker))
+    if len(held) < len(candidates):
+        skip = set(held)
+        live: list[WorkerKey] = []
+        other: list[WorkerKey] = []
+        for worker in sorted(candidates):
+            if worker in skip:
+                continue
+            if states[worker] == LIVE:
+                live.append(worker)
+                if len(live) == limit:
+                    break  # the rest, live or not, come after these
+            elif len(other) < limit:
+                other.append(worker)
+        keys += [(-0.0, -0.0, False, w) for w in live]
+        keys += [(-0.0, -0.0, True, w) for w in other]
     return [_line(k[3], -k[0], -k[1], evidence) for k in heapq.nsmallest(limit, keys)]
 
 
@@ -93,8 +111,12 @@ def _scores(
     if not by_prompt:
         return session, session
     prefix = 0.0
+    best: dict[tuple[str, ...], float] = {}  # blocks share a few media sets
     for media in evidence.prefix_media.get(worker, NO_PREFIX):
-        prefix += max(weights(m) for m in media)
+        weight = best.get(media)
+        if weight is None:
+            weight = best[media] = max(map(weights, media))
+        prefix += weight
     return round(prefix, 6), session
 
 

@@ -26,6 +26,7 @@ from store.model import (
     WorkerState,
     WorkerView,
 )
+from store.paging import SessionOrder
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,19 @@ class IndexReader:
         )
 
     async def list_sessions(
-        self, *, pod: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        pod: str | None,
+        limit: int,
+        cursor: str | None,
+        order: SessionOrder,
+        prefix: str | None,
     ) -> Page[SessionSummary]:
         return await self._call(
-            "list_sessions", self._store.list_sessions(pod=pod, limit=limit, cursor=cursor)
+            "list_sessions",
+            self._store.list_sessions(
+                pod=pod, limit=limit, cursor=cursor, order=order, prefix=prefix
+            ),
         )
 
     async def list_workers(self) -> list[WorkerView]:

@@ -24,6 +24,7 @@ from store.model import (
     WorkerStatus,
     WorkerView,
 )
+from store.paging import SessionOrder
 
 
 class IndexStore(Protocol):
@@ -113,11 +114,26 @@ class IndexStore(Protocol):
         ...
 
     async def list_sessions(
-        self, *, pod: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        pod: str | None,
+        limit: int,
+        cursor: str | None,
+        order: SessionOrder = "last_seen",
+        prefix: str | None = None,
     ) -> Page[SessionSummary]:
-        """Sessions, most recently seen first; with `pod`, only those resident on it.
+        """Sessions in `order`; with `pod`, only those resident on it (blocks counted there);
+        with `prefix`, only ids starting with it.
 
-        Raises InvalidCursorError. Cost: O(sessions) per page in memory.
+        `last_seen`: most recently seen first, then id; sessions holding no blocks are listed
+        too (without `pod`). `blocks`: most resident blocks first, then id; only sessions
+        holding blocks (the busiest ones are what this order is for). Cursors are keysets of
+        one order (another order's cursor raises InvalidCursorError); a session whose place
+        changes between pages may be listed twice or not at all.
+        Cost per page: O(sessions) in memory. Redis: `last_seen` merges the workers' seen
+        sets, O((limit + ties) x workers) per round, more rounds for a selective `pod` or
+        `prefix` (up to every session); `blocks` reads every residency of the workers asked,
+        O(residencies).
         """
         ...
 

@@ -41,7 +41,7 @@ from store.model import (
     reprefill_tokens,
     tally_losses,
 )
-from store.paging import page_hashes, page_sessions
+from store.paging import SessionOrder, page_hashes, page_sessions
 
 EXPIRE_CHUNK = 2_000
 """Sessions `expire_sessions` looks at between two yields to the event loop (~2 ms)."""
@@ -482,17 +482,28 @@ class MemoryStore:
         return page_hashes(hashes, limit, cursor)
 
     async def list_sessions(
-        self, *, pod: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        pod: str | None,
+        limit: int,
+        cursor: str | None,
+        order: SessionOrder = "last_seen",
+        prefix: str | None = None,
     ) -> Page[SessionSummary]:
-        return page_sessions(self._summaries(pod), limit, cursor)
+        held_only = pod is not None or order == "blocks"
+        return page_sessions(self._summaries(pod, prefix, held_only), limit, cursor, order)
 
-    def _summaries(self, pod: str | None) -> Iterator[SessionSummary]:
+    def _summaries(
+        self, pod: str | None, prefix: str | None, held_only: bool
+    ) -> Iterator[SessionSummary]:
         for sid, session in self._sessions.items():
+            if prefix is not None and not sid.startswith(prefix):
+                continue
             counts = [
                 res.count() for key, res in session.workers.items() if pod is None or key.pod == pod
             ]
             blocks = sum(counts)
-            if pod is not None and not blocks:
+            if held_only and not blocks:
                 continue
             yield SessionSummary(
                 session_id=sid,

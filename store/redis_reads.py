@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from store.feed import FeedHub
@@ -34,7 +36,13 @@ from store.model import (
     reprefill_tokens,
     tally_losses,
 )
-from store.paging import decode_session_cursor, encode_session_cursor, page_hashes
+from store.paging import (
+    SessionOrder,
+    decode_session_cursor,
+    encode_session_cursor,
+    page_hashes,
+    page_sessions,
+)
 from store.redis_feed import FeedPump, stream_ends
 from store.redis_layout import (
     META_FENCE,
@@ -55,6 +63,10 @@ from store.redis_plan import MAX_ARGS, Arg
 
 Client = Redis | RedisCluster
 
+HELD_CONNECTIONS = 4
+"""Connections the read scripts hold (`_ReadConnections`): the prefix match and session
+lookup of two routes at once; further concurrent calls take the client's pool."""
+
 LOSS_CHUNK = 4
 """Workers whose residencies `worker_losses` reads and decodes between two event-loop turns."""
 
@@ -71,8 +83,15 @@ class Seen(NamedTuple):
     """Its blocks count in a listing (the listing's pod filter)."""
 
 
-PREFIX_ATTEMPTS = 3
-"""Rounds of prefix.lua for a worker whose part count grew since it was cached."""
+class Located(NamedTuple):
+    """A session's residency on one worker, as `_locate` found it."""
+
+    worker: WorkerKey
+    raw: bytes
+    """The residency value (`store.redis_layout.decode_residency`, `decode_progress`)."""
+    parts: dict[bytes, bytes]
+    """The worker's parts hash (pid -> `<group>|<medium>`) when the residency holds blocks
+    (read with it, so both are of one moment), else empty."""
 
 
 def lua(name: str) -> str:
@@ -139,6 +158,74 @@ def _places(found: list[tuple[bytes, float]]) -> list[Place]:
     return [(score, sid.decode()) for sid, score in found]
 
 
+class _ReadConnections:
+    """The read scripts' EVALSHA on a standalone server, over a few connections held out of
+    the client's pool, each used by one call at a time; a call finding them all busy takes
+    the client's command path.
+
+    redis-py's command path (pool checkout and release under a lock, per-command timeouts
+    and hooks) cost as much client CPU as the call itself: ~50 µs a call against ~25,
+    measured on the 2-core bench VM, and a route makes two. Held out of the pool, the
+    connections count there as in use, so closing the client closes them. Failures are the
+    command path's: redis-py drops a connection on any error (a reply left unread by a
+    cancelled call included) and connects again on its next call, a connection error is
+    retried as the client's `retry` says, and NOSCRIPT (a restarted server) loads the script
+    again.
+    """
+
+    def __init__(self, client: Redis) -> None:
+        self._client = client
+        self._idle: list[AbstractConnection] = []
+        self._held = 0
+
+    async def evalsha(self, script: AsyncScript, keys: list[str], args: Sequence[Arg]) -> Any:
+        try:
+            return await self._call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            script.sha = await self._client.script_load(script.script)
+            return await self._call("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _call(self, *command: Arg) -> Any:
+        client = self._client
+        if self._idle:
+            conn = self._idle.pop()
+        elif self._held < HELD_CONNECTIONS:
+            self._held += 1
+            pool = client.connection_pool
+            try:
+                conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+            except BaseException:
+                self._held -= 1
+                raise
+        else:
+            return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+        async def once() -> Any:
+            await conn.send_command(*command)
+            return await conn.read_response()
+
+        try:
+            return await conn.retry.call_with_retry(once, lambda _: conn.disconnect())
+        finally:
+            self._idle.append(conn)
+
+
+class _KeyCache:
+    """A script's KEYS for the last list of workers asked. Reads ask for every registered
+    worker, a list that rarely changes; building its 100-300 names per request cost more
+    client CPU than the rest of a lookup."""
+
+    def __init__(self, build: Callable[[list[WorkerKey]], list[str]]) -> None:
+        self._build = build
+        self._workers: list[WorkerKey] | None = None
+        self._names: list[str] = []
+
+    def __call__(self, workers: list[WorkerKey]) -> list[str]:
+        if workers != self._workers:
+            self._workers, self._names = list(workers), self._build(workers)
+        return self._names
+
+
 class RedisReader:
     """Reads of the index (the read half of the IndexStore contract) over a Redis client."""
 
@@ -150,15 +237,17 @@ class RedisReader:
         self._registry_ttl = registry_ttl
         self._registry: set[WorkerKey] | None = None
         self._registry_at = 0.0
+        self._sorted: list[WorkerKey] = []
+        self._sorted_from: set[WorkerKey] | None = None
+        """The registry in order, and the registry it was sorted from."""
         self._keys: dict[WorkerKey, WorkerKeys] = {}
-        self._prefix_script = client.register_script(lua("prefix"))
-        self._locate_script = (
-            client.register_script(lua("locate")) if isinstance(client, Redis) else None
-        )
-        """One call per session lookup on a standalone server (None on a cluster)."""
-        self._entry_key_cache: dict[tuple[WorkerKey, int], list[str]] = {}
-        self._part_counts: dict[WorkerKey, int] = {}
-        """Parts per worker as prefix.lua last saw them (parts only grow until removal)."""
+        self._reads = _ReadConnections(client) if isinstance(client, Redis) else None
+        """A standalone server answers a prefix match or a session lookup over every worker
+        in one script call; a cluster's workers span slots (one call or command per worker)."""
+        self._prefix_script: AsyncScript = client.register_script(lua("prefix"))
+        self._locate_script: AsyncScript = client.register_script(lua("locate"))
+        self._locate_keys = _KeyCache(self._locate_names)
+        self._parts_keys = _KeyCache(lambda workers: [self.worker_keys(w).parts for w in workers])
         self._states: dict[WorkerKey, WorkerState] = {}
         self._states_at = -math.inf
         self._hub = FeedHub()
@@ -183,7 +272,10 @@ class RedisReader:
             raw = cast(set[bytes], await self._client.smembers(self._registry_key))
             self._registry = {parse_worker(m) for m in raw}
             self._registry_at = now
-        return sorted(self._registry)
+        if self._registry != self._sorted_from:  # sorted again only when it changed
+            self._sorted = sorted(self._registry)
+            self._sorted_from = set(self._registry)
+        return list(self._sorted)
 
     def _pipeline(self) -> Any:
         return self._client.pipeline(transaction=False)
@@ -197,29 +289,23 @@ class RedisReader:
         return fence_of(dict(zip((f.encode() for f in fields), values, strict=True)))
 
     async def get_session(self, session_id: str) -> SessionView | None:
-        """Two pipelined rounds (one round trip per Redis node each): where the session is
-        (`_locate`), then the parts hash of each worker holding some of it, to name the
-        media. O(workers), then O(workers holding it)."""
+        """Where the session is, with the parts hash of each worker holding some of it to name
+        the media (`_locate`): one script call on a standalone server, two pipelined rounds on
+        a cluster. O(workers)."""
         found = await self._locate(session_id)
         if found is None:
             return None
-        last_seen, residencies = found
-        held = []
+        last_seen, located = found
         views = []
-        pipe = self._pipeline()
-        for w, raw in residencies:
+        for w, raw, parts in located:
             t, counts = decode_residency(raw)
             progress = decode_progress(raw)
             if counts:
-                held.append((w, t, counts, progress))
-                pipe.hgetall(self.worker_keys(w).parts)
+                by_medium = _by_medium(counts, parts)
+                if by_medium is not None:
+                    views.append(_on_worker(w, t, by_medium, progress))
             elif progress.lost:  # no blocks left, but eviction took some: shown
                 views.append(_on_worker(w, t, {}, progress))
-        replies = await pipe.execute() if held else []
-        for (w, t, counts, progress), parts in zip(held, replies, strict=True):
-            by_medium = _by_medium(counts, parts)
-            if by_medium is not None:
-                views.append(_on_worker(w, t, by_medium, progress))
         views.sort(key=lambda s: (-s.blocks, s.pod, s.dp_rank))
         return SessionView(
             session_id=session_id,
@@ -228,14 +314,15 @@ class RedisReader:
             workers=views,
         )
 
-    async def _locate(self, session_id: str) -> tuple[float, list[tuple[WorkerKey, bytes]]] | None:
-        """The session's last_seen and its raw residency per worker holding a record of it;
-        None if never seen. ZSCORE of the retired record, ZSCORE and HGET per registered
-        worker, in one pipeline. The parts hashes are left out: a session sits on a few of
-        the workers, and reading every worker's made a third of a fleet-wide query."""
+    async def _locate(self, session_id: str) -> tuple[float, list[Located]] | None:
+        """The session's last_seen and its residency per worker holding a record of it, with
+        the parts hash of those holding blocks; None if never seen. On a cluster: ZSCORE of
+        the retired record, ZSCORE and HGET per registered worker, in one pipeline, then
+        HGETALL of the holders' parts hashes in another (a session sits on a few of the
+        workers, and reading every worker's made a third of a fleet-wide query)."""
         workers = await self._known()
-        if self._locate_script is not None:
-            return await self._locate_in_one_call(workers, session_id)
+        if self._reads is not None:
+            return await self._locate_in_one_call(self._reads, workers, session_id)
         pipe = self._pipeline()
         pipe.zscore(self._retired_key, session_id)
         for w in workers:
@@ -246,32 +333,43 @@ class RedisReader:
         scores = [s for s in [retired, *out[0::2]] if s is not None]
         if not scores:
             return None
-        residencies = [
-            (w, raw) for w, raw in zip(workers, out[1::2], strict=True) if raw is not None
-        ]
-        return -min(scores), residencies
+        found = [(w, raw) for w, raw in zip(workers, out[1::2], strict=True) if raw is not None]
+        holders = [w for w, raw in found if b" " in raw]  # a space: it holds blocks
+        pipe = self._pipeline()
+        for w in holders:
+            pipe.hgetall(self.worker_keys(w).parts)
+        parts = dict(zip(holders, await pipe.execute() if holders else [], strict=True))
+        return -min(scores), [Located(w, raw, parts.get(w, {})) for w, raw in found]
 
     async def _locate_in_one_call(
-        self, workers: list[WorkerKey], session_id: str
-    ) -> tuple[float, list[tuple[WorkerKey, bytes]]] | None:
+        self, reads: _ReadConnections, workers: list[WorkerKey], session_id: str
+    ) -> tuple[float, list[Located]] | None:
         """`_locate` on a standalone server: locate.lua, one reply for every worker (redis-py
         costs ~10 µs of client CPU per reply: ~2 ms a lookup over 100 workers, pipelined)."""
-        assert self._locate_script is not None
-        keys = [self._retired_key]
-        for w in workers:
-            wk = self.worker_keys(w)
-            keys += (wk.seen, wk.res)
-        retired, *hits = await self._locate_script(keys=keys, args=[session_id])
+        keys = self._locate_keys(workers)
+        retired, *hits = await reads.evalsha(self._locate_script, keys, [session_id])
         scores = [float(retired)] if retired else []
-        residencies = []
-        for i, score, raw in zip(hits[0::3], hits[1::3], hits[2::3], strict=True):
+        located = []
+        for i, score, raw, parts in zip(
+            hits[0::4], hits[1::4], hits[2::4], hits[3::4], strict=True
+        ):
             if score:
                 scores.append(float(score))
             if raw:
-                residencies.append((workers[int(i) - 1], raw))
+                located.append(
+                    Located(workers[i - 1], raw, dict(zip(parts[0::2], parts[1::2], strict=True)))
+                )
         if not scores:
             return None
-        return -min(scores), residencies
+        return -min(scores), located
+
+    def _locate_names(self, workers: list[WorkerKey]) -> list[str]:
+        """locate.lua's KEYS: the retired record, then each worker's seen set and residencies."""
+        names = [self._retired_key]
+        for w in workers:
+            keys = self.worker_keys(w)
+            names += (keys.seen, keys.res)
+        return names
 
     async def session_blocks(
         self,
@@ -282,22 +380,17 @@ class RedisReader:
         limit: int,
         cursor: str | None,
     ) -> Page[Hash] | None:
-        """Where the session is (`_locate`, as `get_session`), the parts of the workers holding
-        it if a medium is asked, then SUNION of its sets per worker, in Redis: two or three
-        pipelined rounds. Every page reads all its blocks: O(session blocks)."""
+        """Where the session is, with the parts naming its media (`_locate`, as
+        `get_session`), then SUNION of its sets per worker, in Redis: two pipelined rounds
+        (three on a cluster). Every page reads all its blocks: O(session blocks)."""
         located = await self._locate(session_id)
         if located is None:
             return None
-        held_on = [(w, raw) for w, raw in located[1] if pod is None or w.pod == pod]
-        parts: list[Any] = [None] * len(held_on)
-        if medium is not None and held_on:
-            pipe = self._pipeline()
-            for w, _ in held_on:
-                pipe.hgetall(self.worker_keys(w).parts)
-            parts = await pipe.execute()
         pipe = self._pipeline()
         unions = 0
-        for (w, raw), part_names in zip(held_on, parts, strict=True):
+        for w, raw, part_names in located[1]:
+            if pod is not None and w.pod != pod:
+                continue
             keys = self.worker_keys(w)
             sets = [
                 keys.session(pid, session_id)
@@ -355,24 +448,36 @@ class RedisReader:
         return page_hashes(_hashes(found), limit, cursor)
 
     async def list_sessions(
-        self, *, pod: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        pod: str | None,
+        limit: int,
+        cursor: str | None,
+        order: SessionOrder = "last_seen",
+        prefix: str | None = None,
     ) -> Page[SessionSummary]:
-        """Merge of the workers' seen sets (score -last_seen: ascending is the list order).
+        """Merge of the workers' seen sets (score -last_seen: ascending is the list order);
+        `order="blocks"` is `_by_blocks`.
 
         Each round is two pipelined trips per node: the next sessions of every worker after
         the cursor, then those sessions' global last_seen (the max over workers) and block
         counts. A session is listed once, at its global place; a worker where it was seen
         earlier only proposes it. Rounds repeat, fetching twice as many, while the page is
         short. Cost: O((limit + sessions sharing the cursor's last_seen) x workers) per
-        round; a pod filter matching few sessions takes more rounds.
+        round; a pod filter or a prefix matching few sessions takes more rounds (the prefix
+        is compared here, never sent to Redis), up to reading every seen set.
         """
-        after = decode_session_cursor(cursor) if cursor is not None else None
+        if order == "blocks":
+            return await self._by_blocks(pod, limit, cursor, prefix)
+        after = decode_session_cursor(cursor, order) if cursor is not None else None
         sources = await self._seen_sources(pod)
         found: dict[str, tuple[Place, SessionSummary]] = {}
         starts: list[Place | None] = [after] * len(sources)
         chunk = limit + 1
         while True:
             candidates, bound = await self._next_sessions(sources, starts, chunk)
+            if prefix is not None:
+                candidates = [sid for sid in candidates if sid.startswith(prefix)]
             if candidates:
                 for place, summary in await self._summaries(sources, candidates):
                     if after is not None and place <= after:
@@ -388,7 +493,52 @@ class RedisReader:
         ordered = sorted(found.values(), key=lambda item: item[0])
         items = [s for _, s in ordered[:limit]]
         more = len(ordered) > limit
-        return Page(items=items, next_cursor=encode_session_cursor(items[-1]) if more else None)
+        return Page(
+            items=items, next_cursor=encode_session_cursor(items[-1], order) if more else None
+        )
+
+    async def _by_blocks(
+        self, pod: str | None, limit: int, cursor: str | None, prefix: str | None
+    ) -> Page[SessionSummary]:
+        """Most blocks first: HGETALL of the residencies of every worker asked (the pod's, or
+        all), one pipeline (one round trip per node), summed here, then the page's global
+        last_seen (ZMSCORE per seen set). Seen sets are ordered by time, so no index gives
+        this order: O(residencies) per page, decoded a worker at a time with a yield to the
+        event loop between (100,000 residencies at once would stall requests)."""
+        if cursor is not None:
+            decode_session_cursor(cursor, "blocks")  # a bad cursor fails before the reads
+        wanted = None if prefix is None else prefix.encode()
+        workers = [w for w in await self._known() if pod is None or w.pod == pod]
+        pipe = self._pipeline()
+        for w in workers:
+            pipe.hgetall(self.worker_keys(w).res)
+        held: dict[bytes, list[int]] = {}
+        for residencies in await pipe.execute() if workers else []:
+            for sid, raw in residencies.items():
+                if wanted is None or sid.startswith(wanted):
+                    blocks = sum(decode_residency(raw)[1].values())
+                    if blocks:
+                        held.setdefault(sid, []).append(blocks)
+            await asyncio.sleep(0)
+        snapshot = (
+            SessionSummary(session_id=sid.decode(), blocks=sum(c), workers=len(c), last_seen=0.0)
+            for sid, c in held.items()
+        )
+        page = page_sessions(snapshot, limit, cursor, "blocks")
+        if not page.items:
+            return page
+        pipe = self._pipeline()
+        ids = [s.session_id for s in page.items]
+        for source in await self._seen_sources(pod):
+            pipe.zmscore(source.seen, ids)
+        scores = await pipe.execute()
+        items = []
+        for i, summary in enumerate(page.items):
+            best = min((s[i] for s in scores if s[i] is not None), default=None)
+            if best is not None:  # else expired meanwhile
+                summary.last_seen = -best
+                items.append(summary)
+        return Page(items=items, next_cursor=page.next_cursor)
 
     async def _seen_sources(self, pod: str | None) -> list[Seen]:
         """Every record of sessions: the registered workers' and the retired one."""
@@ -541,7 +691,7 @@ class RedisReader:
         O(workers) per refresh."""
         workers = await self._known()
         stale = time.monotonic() - self._states_at >= self._registry_ttl
-        if stale or any(w not in self._states for w in workers):
+        if stale or not all(map(self._states.__contains__, workers)):
             pipe = self._pipeline()
             for w in workers:
                 meta = self.worker_keys(w).meta
@@ -555,7 +705,10 @@ class RedisReader:
                     if exists  # else removed by another process since the registry was read
                 }
             )
-        return {w: self._states[w] for w in workers if w in self._states}
+        states = self._states
+        if len(states) == len(workers):  # every worker is in it: the same ones, in order
+            return dict(states)
+        return {w: states[w] for w in workers if w in states}
 
     def _keep_states(self, states: dict[WorkerKey, WorkerState]) -> None:
         self._states = states
@@ -568,10 +721,10 @@ class RedisReader:
         server (one reply), one per worker on a cluster, in one pipeline (one round trip per
         node).
 
-        A call declares each worker's parts hash and, per part, the entry-index buckets of
-        the prompt's hashes (every key in the worker's slot), and walks the hashes in order
-        with SISMEMBER until the first one no part holds. A worker with more parts than
-        cached answers with its count and is asked again. O(workers x matched x parts).
+        A call declares each worker's parts hash; the script walks the prompt's hashes in
+        order with SISMEMBER on each part's entry-index bucket until the first one no part
+        holds, and answers only for the workers holding the first. O(workers x matched x
+        parts).
         """
         known = await self._known()
         if workers is None:
@@ -582,58 +735,22 @@ class RedisReader:
         out: dict[WorkerKey, list[tuple[str, ...]]] = {w: [] for w in chosen}
         if not hashes or not chosen:
             return out
-        slots: dict[int, int] = {}
-        tail: list[Arg] = []
+        args: list[Arg] = []
         for h in hashes:
-            b = bucket(h)
-            j = slots.get(b)
-            if j is None:
-                j = slots[b] = len(slots) + 1
-            tail += (member(h), j)
-        buckets = list(slots)
-        pending = chosen
-        for _ in range(PREFIX_ATTEMPTS):
-            counts = [self._part_counts.get(w, 1) for w in pending]
-            groups = [pending] if self._locate_script is not None else [[w] for w in pending]
-            calls = [self._prefix_call(group, buckets, tail) for group in groups]
-            answers = await self._scripted(self._prefix_script, calls)
-            replies = [reply for answer in answers for reply in answer]
-            again = []
-            for w, k, reply in zip(pending, counts, replies, strict=True):
-                n = int(reply[0])
-                self._part_counts[w] = max(n, 1)
-                if n > k:
-                    again.append(w)
-                else:
-                    out[w] = [tuple(sorted(m.decode() for m in held)) for held in reply[1]]
-            if not again:
-                return out
-            pending = again
-        raise RuntimeError("match_prefix: workers gained parts on every attempt")
-
-    def _prefix_call(
-        self, workers: list[WorkerKey], buckets: list[int], tail: list[Arg]
-    ) -> tuple[list[str], list[Arg]]:
-        """KEYS and ARGV of prefix.lua for `workers`, declaring as many parts' buckets for
-        each as it had when last asked (one at first)."""
-        names: list[str] = []
-        counts: list[Arg] = []
-        for worker in workers:
-            parts = self._part_counts.get(worker, 1)
-            names.append(self.worker_keys(worker).parts)
-            for p in range(parts):
-                ekeys = self._entry_keys(worker, p)
-                names += [ekeys[b] for b in buckets]
-            counts.append(parts)
-        return names, [len(workers), len(buckets), *counts, *tail]
-
-    def _entry_keys(self, worker: WorkerKey, pid: int) -> list[str]:
-        """A part's entry-index bucket names (cached: a route over 100 workers would build
-        ~1,000 key strings per request, half a millisecond of CPU)."""
-        ekeys = self._entry_key_cache.get((worker, pid))
-        if ekeys is None:
-            ekeys = self._entry_key_cache[(worker, pid)] = self.worker_keys(worker).entries(pid)
-        return ekeys
+            args += (member(h), bucket(h))
+        if self._reads is not None:
+            reply = await self._reads.evalsha(self._prefix_script, self._parts_keys(chosen), args)
+            hits = [
+                (chosen[i - 1], matched)
+                for i, matched in zip(reply[0::2], reply[1::2], strict=True)
+            ]
+        else:
+            calls = [([self.worker_keys(w).parts], args) for w in chosen]
+            replies = await self._scripted(self._prefix_script, calls)
+            hits = [(w, reply[1]) for w, reply in zip(chosen, replies, strict=True) if reply]
+        for w, matched in hits:
+            out[w] = [tuple(sorted(m.decode() for m in held)) for held in matched]
+        return out
 
     async def _scripted(
         self, script: Any, calls: Sequence[tuple[list[str], list[Arg]]]

@@ -10,22 +10,19 @@ import asyncio
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 import hashing
 from api.dynamo_headers import routing_headers
-from api.hints import Hint, HintFormat, route_hint
+from api.hints import Hint, HintFormat, HintOptions, route_hint
 from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN
 from api.ranking import Evidence, Weights, rank
-from api.reader import IndexReader, get_reader
-from api.routes.hints import Options
+from api.reader import get_reader
 from api.schemas import ErrorResponse, json_response
 from store.model import Hash, WorkerKey, WorkerState, parse_hash
 
 router = APIRouter(prefix="/v1", tags=["routing"])
-
-Reader = Annotated[IndexReader, Depends(get_reader)]
 
 MAX_PROMPT_BLOCKS = 16_384
 """A 256k-token prompt at block size 16: longer lists are a client bug, not a prompt."""
@@ -187,8 +184,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/route", responses=_ERRORS, description=SCORE_DOC, response_model=RouteResponse)
-async def route(body: RouteRequest, reader: Reader, hint_options: Options) -> Response:
+async def route(body: RouteRequest, request: Request) -> Response:
     """Rank workers for the next request of a session."""
+    # Taken from the app here, not injected: FastAPI solves a dependency per request (~10 µs)
+    # and runs a plain `def` one (the hint options') in its thread pool (~100 µs).
+    reader = await get_reader(request)
+    hint_options: HintOptions = request.app.state.hint_options
     hashes, computed = _prompt_hashes(body)
     states = await reader.worker_states()
     keys = _candidates(body.candidates, states)

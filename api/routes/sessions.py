@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from api.params import SessionBlocksQuery, SessionId, SessionListQuery
+from api.params import SessionBlocksQuery, SessionId, SessionListQuery, once_each
 from api.reader import IndexReader, get_reader
 from api.schemas import (
     BlockPage,
@@ -46,14 +46,24 @@ def _frontier(frontier: Frontier | None) -> dict[str, Any] | None:
     return {"block_hash": format_hash(frontier.block_hash), "position": frontier.position}
 
 
-@router.get("", responses=_ERRORS)
+@router.get("", responses=_ERRORS, dependencies=[Depends(once_each)])
 async def list_sessions(reader: Reader, query: Annotated[SessionListQuery, Query()]) -> SessionList:
-    """Sessions, most recently seen first; with `pod`, only those resident on that pod.
+    """Sessions, most recently seen first (`order=last_seen`) or with the most resident
+    blocks first (`order=blocks`); with `pod`, only those resident on that pod; with
+    `prefix`, only ids starting with it.
 
     A session whose blocks were all evicted stays listed (with 0 blocks) until it ages out,
-    unless `pod` is given.
+    unless `pod` or `order=blocks` is given. `order=blocks` reads every residency of the
+    workers asked, per page: ask it for a first page of the busiest, not to walk the fleet.
+    A cursor continues only the order it came from (another order's is a 400).
     """
-    page = await reader.list_sessions(pod=query.pod, limit=query.limit, cursor=query.cursor)
+    page = await reader.list_sessions(
+        pod=query.pod,
+        limit=query.limit,
+        cursor=query.cursor,
+        order=query.order,
+        prefix=query.prefix,
+    )
     return SessionList(
         sessions=[
             SessionSummary(
@@ -66,7 +76,7 @@ async def list_sessions(reader: Reader, query: Annotated[SessionListQuery, Query
 
 
 @router.get("/{session_id}", responses=_ERRORS | _NOT_FOUND, response_model=SessionResponse)
-async def get_session(session_id: SessionId, reader: Reader) -> Response:
+async def get_session(session_id: SessionId, request: Request) -> Response:
     """Where the session's blocks are resident now, worker by worker, most blocks first.
 
     Each worker carries its stream `state`: counts from a worker that is not `live` (a gap
@@ -75,6 +85,7 @@ async def get_session(session_id: SessionId, reader: Reader) -> Response:
     stored there (`lost_blocks`, `reprefill_tokens`; a worker that lost all of it is still
     listed, with 0 blocks) and its `frontier`, the block it stored last.
     """
+    reader = await get_reader(request)  # not injected: FastAPI solves a dependency per request
     view = await reader.get_session(session_id)
     if view is None:
         raise _not_found(session_id)

@@ -10,15 +10,25 @@ const RETRY_MAX_MS = 10000;
 const HEATMAP_SESSIONS = 10;
 const HEATMAP_MS = 5000;
 const LINE_POINTS = 120;
+// The line takes a reading this often, changes or not, so time runs on at a steady pace.
+const LINE_TICK_MS = 1000;
+// What the API accepts as a session id, and so as an id prefix (api/params.py).
+const SESSION_ID = /^[\x21-\x2E\x30-\x7E]{1,256}$/;
 
 const $ = (id) => document.getElementById(id);
 
 const view = {
   cursors: [null], // cursor of each page seen so far; the last is the current page's
+  order: "last_seen", // the API's order of the session list: "last_seen" or "blocks"
+  prefix: null, // the session id prefix searched for, or null for every session
   sessions: [],
   nextCursor: null,
+  pagesAsked: 0, // pages asked for so far: only the latest answer is drawn
+  activeRow: null, // session id of the table row that takes the focus (roving tabindex)
   openSession: null,
+  held: new Map(), // "pod/rank" -> blocks of the open session: its view, then the feed's
   line: [], // [seconds, resident blocks] of the open session, oldest first
+  lineTimer: null,
   workers: [], // "pod/rank" of every worker, the heatmap's rows
   lastEventId: null,
   events: 0,
@@ -107,51 +117,116 @@ async function loadFleet() {
 
 // -- sessions ------------------------------------------------------------------------------
 
+// One page at a time, in the order and with the prefix the API was asked for: the table
+// never holds more than the page it shows.
 async function loadSessions() {
   const cursor = view.cursors[view.cursors.length - 1];
-  const body = await api("v1/sessions", { limit: PAGE_SIZE, cursor });
+  const params = { limit: PAGE_SIZE, cursor, order: view.order, prefix: view.prefix };
+  const asked = ++view.pagesAsked;
+  const body = await api("v1/sessions", params);
+  if (asked !== view.pagesAsked) return; // a later question (sort, search, page) wins
   view.sessions = body.sessions;
   view.nextCursor = body.next_cursor;
   drawSessions();
 }
 
 function drawSessions() {
-  const key = $("sort").value;
-  const rows = [...view.sessions].sort((a, b) => b[key] - a[key]);
   const tbody = $("sessions").tBodies[0];
+  const hadFocus = tbody.contains(document.activeElement);
   tbody.replaceChildren();
-  for (const s of rows) {
+  for (const s of view.sessions) {
     const row = tbody.insertRow();
     row.dataset.session = s.session_id;
-    const open = document.createElement("button");
-    open.type = "button";
-    open.className = "link";
-    open.textContent = s.session_id;
-    open.addEventListener("click", () => guarded(() => openSession(s.session_id)));
-    row.insertCell().append(open);
-    cell(row, String(s.blocks), "num");
+    row.tabIndex = -1;
+    cell(row, s.session_id, "session");
+    cell(row, String(s.blocks), "num blocks");
     cell(row, String(s.pods), "num");
     cell(row, ago(s.last_seen));
   }
-  $("page-label").textContent = `page ${view.cursors.length}`;
+  // The row that had the focus keeps it through a redraw, wherever the page moved it.
+  const rows = [...tbody.rows];
+  const active = rows.find((r) => r.dataset.session === view.activeRow) ?? rows[0];
+  if (active) activate(active, hadFocus);
+  const order = view.order === "blocks" ? "most blocks first" : "most recently seen first";
+  const only = view.prefix == null ? "" : `, ids starting with “${view.prefix}”`;
+  $("page-label").textContent = `page ${view.cursors.length}, ${order}${only}`;
   $("next-page").disabled = view.nextCursor == null;
   $("first-page").disabled = view.cursors.length === 1;
 }
 
-async function search(event) {
-  event.preventDefault();
-  const id = $("search").value.trim();
-  if (!id) return;
-  const found = await guarded(() => api(`v1/sessions/${encodeURIComponent(id)}`));
-  $("search-result").textContent = found ? "" : `No session ${id} (never seen, or aged out).`;
-  if (found) await openSession(id, found);
+// Roving tabindex: one row of the table is in the tab order; the arrow keys move it.
+function activate(row, focus) {
+  for (const r of row.parentElement.rows) r.tabIndex = r === row ? 0 : -1;
+  view.activeRow = row.dataset.session;
+  if (focus) row.focus();
 }
 
-// -- heatmap: workers x the busiest sessions of the page shown -----------------------------
+function onRowKey(event) {
+  const row = event.target.closest("tr");
+  if (!row) return;
+  const rows = [...row.parentElement.rows];
+  const at = rows.indexOf(row);
+  const moves = { ArrowDown: at + 1, ArrowUp: at - 1, Home: 0, End: rows.length - 1 };
+  if (event.key in moves) {
+    event.preventDefault();
+    activate(rows[Math.max(0, Math.min(rows.length - 1, moves[event.key]))], true);
+  } else if (event.key === "Enter" || event.key === " ") {
+    event.preventDefault();
+    guarded(() => openSession(row.dataset.session));
+  }
+}
+
+function onRowClick(event) {
+  const row = event.target.closest("tbody tr");
+  if (!row) return;
+  activate(row, false);
+  guarded(() => openSession(row.dataset.session));
+}
+
+function firstPage() {
+  view.cursors = [null];
+  view.activeRow = null;
+  return guarded(loadSessions);
+}
+
+// The box searches by id prefix; an id that exists as typed also opens its session. It is
+// asked for by itself only when the first page of matches can neither show nor rule it out.
+async function search(event) {
+  event.preventDefault();
+  const text = $("search").value.trim();
+  if (text && !SESSION_ID.test(text)) {
+    $("search-result").textContent =
+      "A session id is 1 to 256 printable ASCII characters, without spaces or “/”.";
+    return;
+  }
+  view.prefix = text || null;
+  await firstPage();
+  if (!text) {
+    $("search-result").textContent = "";
+    return;
+  }
+  const listed = view.sessions.some((s) => s.session_id === text);
+  const found =
+    !listed && view.nextCursor != null
+      ? await guarded(() => api(`v1/sessions/${encodeURIComponent(text)}`))
+      : null;
+  $("search-result").textContent =
+    view.sessions.length === 0
+      ? `No session starts with ${text} (never seen, or aged out).`
+      : `Sessions whose id starts with ${text}.`;
+  if (listed || found) await guarded(() => openSession(text, found));
+}
+
+function sortBy() {
+  view.order = $("sort").value;
+  return firstPage();
+}
+
+// -- heatmap: workers x the sessions holding the most blocks fleet-wide ----------------------
 
 async function loadHeatmap() {
-  const busiest = [...view.sessions].sort((a, b) => b.blocks - a.blocks);
-  const ids = busiest.slice(0, HEATMAP_SESSIONS).map((s) => s.session_id);
+  const busiest = await api("v1/sessions", { order: "blocks", limit: HEATMAP_SESSIONS });
+  const ids = busiest.sessions.map((s) => s.session_id);
   const views = await Promise.all(ids.map((id) => api(`v1/sessions/${encodeURIComponent(id)}`)));
   const shown = views.filter((v) => v != null);
   const head = $("heatmap").tHead.rows[0];
@@ -180,19 +255,28 @@ async function loadHeatmap() {
       td.title = `${s.session_id} on ${worker}: ${held} blocks`;
     }
   }
+  $("heatmap").dataset.draws = String(Number($("heatmap").dataset.draws ?? 0) + 1);
 }
 
 // -- one session ---------------------------------------------------------------------------
 
 async function openSession(id, body) {
-  if (view.openSession !== id) view.line = [];
+  const opening = view.openSession !== id;
   view.openSession = id;
   const data = body ?? (await api(`v1/sessions/${encodeURIComponent(id)}`));
+  if (view.openSession !== id) return; // another session was opened meanwhile
   if (data == null) {
     $("search-result").textContent = `Session ${id} aged out.`;
     return closeSession();
   }
+  view.held = new Map(data.pods.map((w) => [`${w.pod}/${w.dp_rank}`, w.blocks]));
   drawSession(data);
+  if (opening) {
+    view.line = [];
+    clearInterval(view.lineTimer);
+    view.lineTimer = setInterval(sampleLine, LINE_TICK_MS);
+    sampleLine();
+  }
   const section = $("session");
   if (section.hidden) {
     section.hidden = false;
@@ -201,12 +285,20 @@ async function openSession(id, body) {
   }
 }
 
-function drawLine(total) {
+// A residency change of the open session: that worker's blocks now, as the feed says.
+function heldChanged(data) {
+  view.held.set(`${data.pod}/${data.dp_rank}`, data.blocks);
+}
+
+function sampleLine() {
+  let total = 0;
+  for (const n of view.held.values()) total += n;
   view.line.push([Date.now() / 1000, total]);
   view.line = view.line.slice(-LINE_POINTS);
   const first = view.line[0][0];
   const span = Math.max(1, view.line[view.line.length - 1][0] - first);
-  const top = Math.max(1, ...view.line.map(([, n]) => n));
+  // A quarter of headroom: a level line stays visible below the chart's top edge.
+  const top = 1.25 * Math.max(1, ...view.line.map(([, n]) => n));
   const points = view.line.map(([t, n]) => `${(600 * (t - first)) / span},${116 - (112 * n) / top}`);
   // One reading is a level, not a point: draw it across the chart.
   if (points.length === 1) points.push(`600,${points[0].split(",")[1]}`);
@@ -217,7 +309,6 @@ function drawLine(total) {
 }
 
 function drawSession(s) {
-  drawLine(s.total_blocks);
   $("session-id").textContent = s.session_id;
   $("session-total").textContent = String(s.total_blocks);
   $("session-seen").textContent = ago(s.last_seen);
@@ -255,8 +346,18 @@ function drawSession(s) {
   }
 }
 
+// Escape or Close: the session view goes, the focus returns to its row (else the search).
+function backToTable() {
+  closeSession();
+  const row = [...$("sessions").tBodies[0].rows].find((r) => r.tabIndex === 0);
+  if (row) row.focus();
+  else $("search").focus();
+}
+
 function closeSession() {
   view.openSession = null;
+  clearInterval(view.lineTimer);
+  view.lineTimer = null;
   $("session").hidden = true;
 }
 
@@ -272,7 +373,10 @@ function touch(event, data) {
   if (event === "residency") {
     // Only the first page moves under the reader; later pages stay put while read.
     if (view.cursors.length === 1) dirty.sessions = true;
-    if (data.session_id === view.openSession) dirty.session = true;
+    if (data.session_id === view.openSession) {
+      heldChanged(data);
+      dirty.session = true;
+    }
   }
   if (event === "worker" && view.openSession) dirty.session = true;
   if (event === "reset") Object.assign(dirty, { fleet: true, sessions: true, session: true });
@@ -389,24 +493,18 @@ $("token-form").addEventListener("submit", (event) => {
   start();
 });
 $("search-form").addEventListener("submit", search);
-$("sort").addEventListener("change", drawSessions);
-$("close-session").addEventListener("click", closeSession);
+$("sort").addEventListener("change", sortBy);
+$("sessions").tBodies[0].addEventListener("keydown", onRowKey);
+$("sessions").tBodies[0].addEventListener("click", onRowClick);
+$("close-session").addEventListener("click", backToTable);
 $("next-page").addEventListener("click", () => {
   view.cursors.push(view.nextCursor);
-  guarded(async () => {
-    await loadSessions();
-    await loadHeatmap();
-  });
+  view.activeRow = null;
+  guarded(loadSessions);
 });
-$("first-page").addEventListener("click", () => {
-  view.cursors = [null];
-  guarded(async () => {
-    await loadSessions();
-    await loadHeatmap();
-  });
-});
+$("first-page").addEventListener("click", firstPage);
 document.addEventListener("keydown", (event) => {
-  if (event.key === "Escape" && !$("session").hidden) closeSession();
+  if (event.key === "Escape" && !$("session").hidden) backToTable();
   if (event.key === "/" && document.activeElement?.tagName !== "INPUT") {
     event.preventDefault();
     $("search").focus();

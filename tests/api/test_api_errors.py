@@ -19,6 +19,7 @@ from store.model import (
     WorkerState,
     WorkerView,
 )
+from store.paging import SessionOrder
 from tests.api.harness import client_over, get_json
 
 
@@ -40,7 +41,13 @@ class DownStore(MemoryStore):
         raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
 
     async def list_sessions(
-        self, *, pod: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        pod: str | None,
+        limit: int,
+        cursor: str | None,
+        order: SessionOrder = "last_seen",
+        prefix: str | None = None,
     ) -> Page[SessionSummary]:
         raise TimeoutError("Timeout reading from redis:6379")
 

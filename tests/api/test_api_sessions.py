@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import urlencode
+
 import httpx
+import pytest
 
 from store.memory import MemoryStore
 from store.model import (
@@ -209,3 +213,96 @@ async def test_session_list_filtered_by_pod_counts_only_that_pod(
         ],
         "next_cursor": None,
     }
+
+
+async def _walk(client: httpx.AsyncClient, params: dict[str, str]) -> list[dict[str, Any]]:
+    """Every page of `/v1/sessions?<params>` from the first, following `next_cursor`."""
+    out: list[dict[str, Any]] = []
+    query = params
+    while True:
+        page = await get_json(client, "/v1/sessions?" + urlencode(query))
+        out.extend(page["sessions"])
+        if page["next_cursor"] is None:
+            return out
+        assert len(page["sessions"]) == int(params["limit"])
+        query = params | {"cursor": page["next_cursor"]}
+
+
+async def test_session_list_by_blocks_pages_most_blocks_first(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 1.0, BlocksStored([1, 2, 3], session_id="big"), BlocksStored([4], session_id="a"))
+    await feed(B, 2.0, BlocksStored([5, 6], session_id="b"), BlocksStored([7, 8], session_id="c"))
+    await feed(B, 3.0, BlocksStored([9], session_id="big"), BlocksStored([10], session_id="gone"))
+    await feed(B, 4.0, BlocksRemoved([10]))
+
+    listed = await _walk(client, {"order": "blocks", "limit": "2"})
+
+    assert listed == [
+        {"session_id": "big", "blocks": 4, "pods": 2, "last_seen": 3.0},
+        {"session_id": "b", "blocks": 2, "pods": 1, "last_seen": 2.0},
+        {"session_id": "c", "blocks": 2, "pods": 1, "last_seen": 2.0},
+        {"session_id": "a", "blocks": 1, "pods": 1, "last_seen": 1.0},
+    ]
+    on_b = await _walk(client, {"order": "blocks", "limit": "10", "pod": "vllm-1"})
+    assert [(s["session_id"], s["blocks"]) for s in on_b] == [("b", 2), ("c", 2), ("big", 1)]
+    # The default order is last seen, and lists the session that holds nothing.
+    by_time = await _walk(client, {"limit": "10"})
+    assert [s["session_id"] for s in by_time] == ["big", "gone", "b", "c", "a"]
+
+
+async def test_session_list_by_prefix_in_either_order(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 1.0, BlocksStored([1], session_id="agent-1"), BlocksStored([2], session_id="x"))
+    await feed(A, 2.0, BlocksStored([3, 4], session_id="agent-2"))
+    await feed(A, 3.0, BlocksStored([5], session_id="agent-10"))
+
+    by_time = await _walk(client, {"prefix": "agent-1", "limit": "1"})
+    by_blocks = await _walk(client, {"prefix": "agent-", "limit": "1", "order": "blocks"})
+    exact = await get_json(client, "/v1/sessions?prefix=agent-2")
+
+    assert [s["session_id"] for s in by_time] == ["agent-10", "agent-1"]
+    assert [s["session_id"] for s in by_blocks] == ["agent-2", "agent-1", "agent-10"]
+    assert [s["session_id"] for s in exact["sessions"]] == ["agent-2"]
+    assert (await get_json(client, "/v1/sessions?prefix=nobody"))["sessions"] == []
+
+
+@pytest.mark.parametrize(
+    ("query", "fragments"),
+    [
+        ("order=size", ["query parameter 'order'", "'last_seen' or 'blocks'", "'size'"]),
+        ("order=", ["query parameter 'order'", "'last_seen' or 'blocks'"]),
+        ("prefix=", ["query parameter 'prefix'", "at least 1"]),
+        ("prefix=a%20b", ["query parameter 'prefix'", "without whitespace", "'a b'"]),
+        ("prefix=a%2Fb", ["query parameter 'prefix'", "or '/'", "'a/b'"]),
+        ("prefix=caf%C3%A9", ["query parameter 'prefix'", "printable ASCII"]),
+        ("prefix=" + "s" * 257, ["query parameter 'prefix'", "at most 256"]),
+        ("prefix=a&prefix=b", ["query parameter 'prefix' given more than once"]),
+        ("order=blocks&order=blocks", ["query parameter 'order' given more than once"]),
+    ],
+)
+async def test_session_list_order_and_prefix_are_validated(
+    client: httpx.AsyncClient, query: str, fragments: list[str]
+) -> None:
+    body = await get_json(client, f"/v1/sessions?{query}", status=400)
+
+    for fragment in fragments:
+        assert fragment in body["detail"]
+
+
+async def test_a_cursor_of_one_order_is_a_400_in_the_other(
+    client: httpx.AsyncClient, feed: Feed
+) -> None:
+    await feed(A, 1.0, BlocksStored([1], session_id="s1"), BlocksStored([2], session_id="s2"))
+    by_time = await get_json(client, "/v1/sessions?limit=1")
+    by_blocks = await get_json(client, "/v1/sessions?limit=1&order=blocks")
+
+    for cursor, order, other in [
+        (by_time["next_cursor"], "blocks", "last_seen"),
+        (by_blocks["next_cursor"], "last_seen", "blocks"),
+    ]:
+        body = await get_json(
+            client, "/v1/sessions?" + urlencode({"order": order, "cursor": cursor}), status=400
+        )
+        assert f"is from order={other}, not order={order}" in body["detail"]

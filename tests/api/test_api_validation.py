@@ -25,7 +25,10 @@ CASES = [
     ("/v1/pods/" + "a" * 254 + "/blocks", ["path parameter 'pod'", "at most 253"]),
     ("/v1/pods/vllm-0/blocks?dp_rank=-1", ["query parameter 'dp_rank'", "greater than or equal"]),
     ("/v1/pods/vllm-0/blocks?dp_rank=one", ["query parameter 'dp_rank'", "valid integer"]),
-    ("/v1/sessions?pods=vllm-0", ["unknown query parameter 'pods'", "allowed: cursor, limit, pod"]),
+    (
+        "/v1/sessions?pods=vllm-0",
+        ["unknown query parameter 'pods'", "allowed: cursor, limit, order, pod, prefix"],
+    ),
     (
         "/v1/pods/vllm-0/blocks?rank=1",
         ["unknown query parameter 'rank'", "allowed: cursor, dp_rank, limit, medium"],

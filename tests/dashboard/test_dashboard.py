@@ -2,106 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import shutil
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from tests.dashboard.conftest import TOKEN, Demo
+from tests.dashboard.pages import (
+    api_view,
+    fleet_rows,
+    heatmap,
+    line_readings,
+    open_page,
+    screenshot,
+    session_shown,
+    sessions_table,
+    unnamed_controls,
+    until,
+)
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, ConsoleMessage, Page
+    from playwright.async_api import Browser, Page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
-
-T = TypeVar("T")
-ROOT = Path(__file__).parents[2]
-
-SCREENSHOTS = os.environ.get("KVSI_SCREENSHOTS")
-"""A directory (relative to the repository) to copy the README's screenshot into, or None."""
-
-
-async def until(check: Callable[[], Awaitable[T | None]], within: float, what: str) -> T:
-    """Poll `check` until it returns something truthy (returned); fail after `within` s."""
-    deadline = time.monotonic() + within
-    last: object = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: not within {within}s (last: {last!r})")
-
-
-async def open_page(browser: Browser, url: str, errors: list[str] | None = None) -> Page:
-    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
-    if errors is not None:
-        page.on("console", lambda m: _console(m, errors))
-        page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-    await page.goto(url)
-    return page
-
-
-def _console(message: ConsoleMessage, errors: list[str]) -> None:
-    if message.type == "error":
-        errors.append(message.text)
-
-
-async def fleet_rows(page: Page) -> dict[str, dict[str, str]]:
-    """The fleet table as {pod: {state, blocks, seq, lag}}."""
-    rows: list[dict[str, str]] = await page.eval_on_selector_all(
-        "#fleet tbody tr",
-        """rows => rows.map(r => ({pod: r.dataset.pod, state: r.dataset.state,
-            blocks: r.querySelector('.blocks').textContent,
-            seq: r.querySelector('.seq').textContent,
-            lag: r.querySelector('.lag').textContent}))""",
-    )
-    return {r["pod"]: r for r in rows}
-
-
-async def session_shown(page: Page) -> dict[str, Any]:
-    """What the session view says: total, blocks per worker, blocks per medium."""
-    shown: dict[str, Any] = await page.evaluate(
-        """() => ({
-            total: Number(document.querySelector('#session-total').textContent),
-            pods: [...document.querySelectorAll('#session-pods tbody tr')].map(r =>
-                [r.dataset.pod, Number(r.dataset.rank),
-                 Number(r.querySelector('.blocks').textContent)]),
-            media: Object.fromEntries([...document.querySelectorAll('#session-media li')].map(
-                li => [li.dataset.medium, Number(li.querySelector('.blocks').textContent)])),
-        })"""
-    )
-    return shown
-
-
-def api_view(body: dict[str, Any]) -> dict[str, Any]:
-    """The API's session answer in the shape of `session_shown`."""
-    media: dict[str, int] = {}
-    for worker in body["pods"]:
-        for medium, n in worker["by_medium"].items():
-            media[medium] = media.get(medium, 0) + n
-    return {
-        "total": body["total_blocks"],
-        "pods": [[w["pod"], w["dp_rank"], w["blocks"]] for w in body["pods"]],
-        "media": media,
-    }
-
-
-async def screenshot(page: Page, tmp_path: Path, name: str, *, for_readme: bool = False) -> Path:
-    shot = tmp_path / f"{name}.png"
-    await page.screenshot(path=shot, full_page=True)
-    if for_readme and SCREENSHOTS:
-        target = ROOT / SCREENSHOTS / "dashboard.png"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, target)
-    return shot
 
 
 async def test_the_page_shows_the_fleet_finds_a_session_and_matches_the_api(
@@ -137,11 +62,36 @@ async def test_the_page_shows_the_fleet_finds_a_session_and_matches_the_api(
         assert sum(shown["media"].values()) >= shown["total"]
         assert "readings" in (await page.locator("#session-range").text_content() or "")
 
-        heat = await until(lambda: _heatmap(page), 10, "the heatmap drawn")
+        heat = await until(lambda: heatmap(page), 10, "the heatmap drawn")
         assert sorted(heat["rows"]) == sorted(f"{p['pod']}/{p['dp_rank']}" for p in listed)
         assert 1 <= len(heat["columns"]) <= 10
         for column in heat["columns"]:  # the page moves on with the demo: each is a session
             assert (await api.get(f"/v1/sessions/{column}")).status_code == 200
+
+        # Every session again, sorted by the server: each redraw of the moving first page.
+        await page.get_by_label("Session id").fill("")
+        await page.get_by_label("Session id").press("Enter")
+        await page.get_by_label("Sort by").select_option("blocks")
+
+        async def by_blocks() -> bool:
+            blocks = [b for _, b in await sessions_table(page)]
+            return len(blocks) > 1 and blocks == sorted(blocks, reverse=True)
+
+        await until(by_blocks, 10, "the whole list sorted by blocks")
+        assert await page.locator("#session-id").text_content() == wanted  # still open
+        assert await unnamed_controls(page) == []
+
+        async def three_readings() -> bool:
+            return await line_readings(page) >= 3
+
+        await until(three_readings, 15, "the line's readings, one a second")
+        # The picture: just after the heatmap's redraw (every 5 s), as fresh as the table.
+        draws = await page.locator("#heatmap").get_attribute("data-draws")
+
+        async def redrawn() -> bool:
+            return await page.locator("#heatmap").get_attribute("data-draws") != draws
+
+        await until(redrawn, 15, "the heatmap redrawn")
         await screenshot(page, tmp_path, "session", for_readme=True)
         assert errors == []
 
@@ -150,18 +100,6 @@ async def test_the_page_shows_the_fleet_finds_a_session_and_matches_the_api(
         await page.get_by_label("Session id").press("Enter")
         await until(lambda: page.locator("#search-result").text_content(), 5, "a not-found message")
         assert "no-such-session" in (await page.locator("#search-result").text_content() or "")
-
-
-async def _heatmap(page: Page) -> dict[str, list[str]] | None:
-    """The heatmap's row (worker) and column (session) headers, once it has cells."""
-    heat: dict[str, list[str]] = await page.evaluate(
-        """() => ({
-            rows: [...document.querySelectorAll('#heatmap tbody th')].map(t => t.textContent),
-            columns: [...document.querySelectorAll('#heatmap thead th')].slice(1)
-                .map(t => t.textContent),
-        })"""
-    )
-    return heat if heat["rows"] and heat["columns"] else None
 
 
 async def _all_live(page: Page) -> list[str] | None:

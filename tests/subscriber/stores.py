@@ -21,6 +21,7 @@ from store.model import (
     WorkerStatus,
     WorkerView,
 )
+from store.paging import SessionOrder
 
 
 class StoreDownError(ConnectionError):
@@ -104,10 +105,18 @@ class RecordingStore:
         )
 
     async def list_sessions(
-        self, *, pod: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        pod: str | None,
+        limit: int,
+        cursor: str | None,
+        order: SessionOrder = "last_seen",
+        prefix: str | None = None,
     ) -> Page[SessionSummary]:
         self._check()
-        return await self.inner.list_sessions(pod=pod, limit=limit, cursor=cursor)
+        return await self.inner.list_sessions(
+            pod=pod, limit=limit, cursor=cursor, order=order, prefix=prefix
+        )
 
     async def list_workers(self) -> list[WorkerView]:
         self._check()
