@@ -42,7 +42,16 @@ def test_every_operation_answers_as_documented(case: schemathesis.Case) -> None:
     case.call_and_validate(excluded_checks=EXCLUDED)
 
 
+GUARDED_EXCLUDED = [*EXCLUDED, schemathesis.checks.negative_data_rejection]
+"""With the token sent on every call, a negative case that drops the Authorization header is
+a valid request again, and its other "violation" may be one a query string cannot carry (an
+array for a string parameter goes out as `tenant_id=`): answered 200, flagged as accepting
+invalid data. The unguarded test keeps that check."""
+
+
 @guarded.parametrize()
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_guarded_operation_answers_as_documented(case: schemathesis.Case) -> None:
-    case.call_and_validate(headers={"Authorization": "Bearer fuzz-token"}, excluded_checks=EXCLUDED)
+    case.call_and_validate(
+        headers={"Authorization": "Bearer fuzz-token"}, excluded_checks=GUARDED_EXCLUDED
+    )
