@@ -28,6 +28,7 @@ import redis
 from ingest_memory import agentic, block_events, small_events
 
 from api.app import create_app
+from kvsi.logs import configure_logging
 from store.model import Batch, BlocksStored, WorkerKey
 from store.redis import RedisStore
 from store.redis_layout import decode_residency
@@ -286,7 +287,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--feed-batches", type=int, default=500)
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    configure_logging("warning", "console")  # (3)'s requests would log a line each
+    asyncio.run(run(args))
 
 
 async def run(args: argparse.Namespace) -> None:
