@@ -185,6 +185,8 @@ class Sample:
     at: float
     block_events: float
     cpu: float
+    ingest_cpu: float
+    """CPU seconds of the ingest process, with --split (else 0: `cpu` has it all)."""
     full_gcs: float
     lost: float
     redis_cpu: float
@@ -207,7 +209,8 @@ def machine_cpu() -> float:
 
 def sample(bases: list[str], redis_port: int | None) -> Sample:
     """Metrics summed over the service's processes (`bases`: each one's /metrics root)."""
-    text = "".join(httpx.get(f"{base}/metrics", timeout=10).text for base in bases)
+    texts = [httpx.get(f"{base}/metrics", timeout=10).text for base in bases]
+    text = "".join(texts)
     redis_cpu = 0.0
     if redis_port is not None:
         info = redis.Redis(port=redis_port).info("cpu")
@@ -215,7 +218,8 @@ def sample(bases: list[str], redis_port: int | None) -> Sample:
     return Sample(
         at=time.monotonic(),
         block_events=metric(text, "kvsi_fleet_block_events_total"),
-        cpu=metric(text, "process_cpu_seconds_total"),
+        cpu=metric(texts[0], "process_cpu_seconds_total"),
+        ingest_cpu=sum(metric(t, "process_cpu_seconds_total") for t in texts[1:]),
         full_gcs=sum(
             float(v)
             for v in re.findall(
@@ -261,6 +265,7 @@ async def measure(
     report["full_gcs"] = after.full_gcs - before.full_gcs
     report["cpu"] = {
         "service": (after.cpu - before.cpu) / wall,
+        "ingest": (after.ingest_cpu - before.ingest_cpu) / wall,
         "redis": (after.redis_cpu - before.redis_cpu) / wall,
         "publishers": (time.process_time() - cpu) / wall,
         "loadgen": (_children_cpu() - children) / wall,
@@ -436,8 +441,9 @@ def medians(results: list[dict[str, Any]]) -> None:
     """The table of bench/README.md: medians over runs of each point (errors: the sum)."""
     print("\nmedians over runs:")
     print("| rps | achieved | route p50 | route p99 | route max | session p50 | session p99 | "
-          "session max | errors | ingest/s | service CPU | others' CPU |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "session max | errors | ingest/s | service CPU | ingest CPU | redis CPU | "
+          "others' CPU |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rps in sorted({r["rps"] for r in results}):
         runs = [r for r in results if r["rps"] == rps]
         cells = [f"{rps:g}", f"{_median(runs, 'achieved_rps'):.0f}"]
@@ -450,6 +456,8 @@ def medians(results: list[dict[str, Any]]) -> None:
             str(errors),
             f"{_median(runs, 'ingest_applied'):,.0f}",
             f"{_median(runs, 'cpu', 'service'):.0%}",
+            f"{_median(runs, 'cpu', 'ingest'):.0%}",
+            f"{_median(runs, 'cpu', 'redis'):.0%}",
             f"{_median(runs, 'cpu', 'others'):.0%}",
         ]
         print("| " + " | ".join(cells) + " |")

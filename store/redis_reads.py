@@ -34,7 +34,6 @@ from store.model import (
     WorkerStatus,
     WorkerView,
     reprefill_tokens,
-    tally_losses,
 )
 from store.paging import (
     SessionOrder,
@@ -67,8 +66,9 @@ HELD_CONNECTIONS = 4
 """Connections the read scripts hold (`_ReadConnections`): the prefix match and session
 lookup of two routes at once; further concurrent calls take the client's pool."""
 
-LOSS_CHUNK = 4
-"""Workers whose residencies `worker_losses` reads and decodes between two event-loop turns."""
+LOSS_CHUNK = 1
+"""Workers `worker_losses` sums per round trip: losses.lua holds Redis ~1 ms per 1,000
+residencies, so reads wait behind at most one worker's sum."""
 
 Place = tuple[float, str]
 """A session's place in the listing: (-last_seen, session id), ascending."""
@@ -246,6 +246,7 @@ class RedisReader:
         in one script call; a cluster's workers span slots (one call or command per worker)."""
         self._prefix_script: AsyncScript = client.register_script(lua("prefix"))
         self._locate_script: AsyncScript = client.register_script(lua("locate"))
+        self._losses_script: AsyncScript = client.register_script(lua("losses"))
         self._locate_keys = _KeyCache(self._locate_names)
         self._parts_keys = _KeyCache(lambda workers: [self.worker_keys(w).parts for w in workers])
         self._states: dict[WorkerKey, WorkerState] = {}
@@ -665,23 +666,23 @@ class RedisReader:
         }
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
-        """HVALS of each registered worker's residencies, summed here: O(residencies), for
-        the metrics refresher, never per request. LOSS_CHUNK workers per pipeline: decoding
-        every worker's residencies at once (100,000 of them) would stall requests for
-        hundreds of ms; between chunks the event loop serves them."""
+        """Each registered worker's losses, summed in Redis by losses.lua (HVALS of its
+        residencies, O(residencies) of server time, ~1 ms per 1,000), LOSS_CHUNK workers per
+        round trip so reads interleave; for the metrics refresher, never per request. The
+        client reads four integers per worker and decodes nothing."""
         workers = await self._known()
         out: dict[WorkerKey, WorkerLosses] = {}
         for start in range(0, len(workers), LOSS_CHUNK):
             chunk = workers[start : start + LOSS_CHUNK]
-            pipe = self._pipeline()
-            for w in chunk:
-                keys = self.worker_keys(w)
-                pipe.exists(keys.meta)
-                pipe.hvals(keys.res)
-            replies = await pipe.execute()
-            for w, exists, values in zip(chunk, replies[0::2], replies[1::2], strict=True):
+            calls: list[tuple[list[str], list[Arg]]] = [
+                ([self.worker_keys(w).meta, self.worker_keys(w).res], []) for w in chunk
+            ]
+            replies = await self._scripted(self._losses_script, calls)
+            for w, (exists, hurt, lost, tokens) in zip(chunk, replies, strict=True):
                 if exists:  # else removed by another process since the registry was read
-                    out[w] = tally_losses(decode_progress(raw)[:2] for raw in values)
+                    out[w] = WorkerLosses(
+                        sessions_hurt=hurt, lost_blocks=lost, reprefill_tokens=tokens
+                    )
         return out
 
     async def worker_states(self) -> dict[WorkerKey, WorkerState]:
