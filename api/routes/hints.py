@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import Field
 
 from api.hints import HintFormat, HintOptions, SessionHint, best_for_session, hint_for
-from api.params import QueryParams, SessionId
+from api.params import QueryParams, SessionId, once_each
 from api.reader import IndexReader, get_reader
 from api.schemas import ErrorResponse
 from store.model import WorkerKey, WorkerState
@@ -46,7 +46,7 @@ class HintQuery(QueryParams):
     )
 
 
-def get_hint_options(request: Request) -> HintOptions:
+async def get_hint_options(request: Request) -> HintOptions:
     """The naming `create_app` was given (settings `llm_d`)."""
     options: HintOptions = request.app.state.hint_options
     return options
@@ -55,7 +55,7 @@ def get_hint_options(request: Request) -> HintOptions:
 Options = Annotated[HintOptions, Depends(get_hint_options)]
 
 
-@router.get("/{session_id}/hint", responses=_ERRORS)
+@router.get("/{session_id}/hint", responses=_ERRORS, dependencies=[Depends(once_each)])
 async def session_hint(
     session_id: SessionId, reader: Reader, options: Options, query: Annotated[HintQuery, Query()]
 ) -> SessionHint:

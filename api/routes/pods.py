@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from api.params import PodBlocksQuery, PodName
+from api.params import PodBlocksQuery, PodName, once_each
 from api.reader import IndexReader, get_reader
 from api.schemas import BlockPage, ErrorResponse, PodList, PodWorker
 from store.model import format_hash
@@ -59,6 +59,7 @@ async def list_pods(reader: Reader) -> PodList:
     "/{pod}/blocks",
     responses=_ERRORS
     | {404: {"model": ErrorResponse, "description": "No worker of that pod (and rank)."}},
+    dependencies=[Depends(once_each)],
 )
 async def pod_blocks(
     pod: PodName, reader: Reader, query: Annotated[PodBlocksQuery, Query()]

@@ -114,7 +114,9 @@ async def get_session(session_id: SessionId, request: Request) -> Response:
     )
 
 
-@router.get("/{session_id}/blocks", responses=_ERRORS | _NOT_FOUND)
+@router.get(
+    "/{session_id}/blocks", responses=_ERRORS | _NOT_FOUND, dependencies=[Depends(once_each)]
+)
 async def session_blocks(
     session_id: SessionId, reader: Reader, query: Annotated[SessionBlocksQuery, Query()]
 ) -> BlockPage:

@@ -33,6 +33,10 @@ CASES = [
         "/v1/pods/vllm-0/blocks?rank=1",
         ["unknown query parameter 'rank'", "allowed: cursor, dp_rank, limit, medium"],
     ),
+    # A repeated parameter: FastAPI would keep one value silently.
+    ("/v1/sessions/s/blocks?limit=1&limit=2", ["query parameter 'limit' given more than once"]),
+    ("/v1/pods/vllm-0/blocks?medium=GPU&medium=CPU", ["query parameter 'medium' given more"]),
+    ("/v1/sessions/s/hint?format=label&format=llm-d", ["query parameter 'format' given more"]),
 ]
 
 
