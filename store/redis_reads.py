@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, NamedTuple, cast
 
@@ -210,6 +210,28 @@ class _ReadConnections:
             self._idle.append(conn)
 
 
+class SharedCall:
+    """Concurrent callers of `call()` share one run of `fetch` (the one in flight, if any).
+
+    The run is shielded: a caller cancelled while waiting does not cancel it for the others.
+    """
+
+    def __init__(self, fetch: Callable[[], Awaitable[None]]) -> None:
+        self._fetch = fetch
+        self._running: asyncio.Task[None] | None = None
+
+    async def __call__(self) -> None:
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._fetch())
+            self._running.add_done_callback(self._done)
+        await asyncio.shield(self._running)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._running = None
+        if not task.cancelled():
+            task.exception()  # retrieved here too: every waiter may have been cancelled
+
+
 class _KeyCache:
     """A script's KEYS for the last list of workers asked. Reads ask for every registered
     worker, a list that rarely changes; building its 100-300 names per request cost more
@@ -251,6 +273,11 @@ class RedisReader:
         self._parts_keys = _KeyCache(lambda workers: [self.worker_keys(w).parts for w in workers])
         self._states: dict[WorkerKey, WorkerState] = {}
         self._states_at = -math.inf
+        self._registry_refresh = SharedCall(self._read_registry)
+        self._states_refresh = SharedCall(self._read_states)
+        """One read of each cache at a time: when it goes stale under load, the requests in
+        flight would each have read all of it again (a pipeline of 200 commands per request
+        over 100 workers, a stall of tens of ms), they now wait for the one read."""
         self._hub = FeedHub()
         self._pump: FeedPump | None = None
         self._pump_lock = asyncio.Lock()
@@ -269,14 +296,21 @@ class RedisReader:
         own registrations and removals update it at once, other processes' after the ttl.
         """
         now = time.monotonic()
-        if fresh or self._registry is None or now - self._registry_at >= self._registry_ttl:
-            raw = cast(set[bytes], await self._client.smembers(self._registry_key))
-            self._registry = {parse_worker(m) for m in raw}
-            self._registry_at = now
+        if fresh or self._registry_ttl <= 0:  # not a read another caller started earlier
+            await self._read_registry()
+        elif self._registry is None or now - self._registry_at >= self._registry_ttl:
+            await self._registry_refresh()
+        assert self._registry is not None
         if self._registry != self._sorted_from:  # sorted again only when it changed
             self._sorted = sorted(self._registry)
             self._sorted_from = set(self._registry)
         return list(self._sorted)
+
+    async def _read_registry(self) -> None:
+        started = time.monotonic()
+        raw = cast(set[bytes], await self._client.smembers(self._registry_key))
+        self._registry = {parse_worker(m) for m in raw}
+        self._registry_at = started
 
     def _pipeline(self) -> Any:
         return self._client.pipeline(transaction=False)
@@ -693,27 +727,37 @@ class RedisReader:
         workers = await self._known()
         stale = time.monotonic() - self._states_at >= self._registry_ttl
         if stale or not all(map(self._states.__contains__, workers)):
-            pipe = self._pipeline()
-            for w in workers:
-                meta = self.worker_keys(w).meta
-                pipe.exists(meta)
-                pipe.hget(meta, "state")
-            out = await pipe.execute()
-            self._keep_states(
-                {
-                    w: _state(state)
-                    for w, exists, state in zip(workers, out[0::2], out[1::2], strict=True)
-                    if exists  # else removed by another process since the registry was read
-                }
-            )
+            await (self._states_refresh() if self._registry_ttl > 0 else self._read_states())
+            workers = await self._known()
+            if not all(map(self._states.__contains__, workers)):
+                await self._read_states()  # the shared read began before a worker appeared
+                workers = await self._known()
         states = self._states
         if len(states) == len(workers):  # every worker is in it: the same ones, in order
             return dict(states)
         return {w: states[w] for w in workers if w in states}
 
-    def _keep_states(self, states: dict[WorkerKey, WorkerState]) -> None:
+    async def _read_states(self) -> None:
+        started = time.monotonic()
+        workers = await self._known()
+        pipe = self._pipeline()
+        for w in workers:
+            meta = self.worker_keys(w).meta
+            pipe.exists(meta)
+            pipe.hget(meta, "state")
+        out = await pipe.execute()
+        self._keep_states(
+            {
+                w: _state(state)
+                for w, exists, state in zip(workers, out[0::2], out[1::2], strict=True)
+                if exists  # else removed by another process since the registry was read
+            },
+            started,
+        )
+
+    def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:
         self._states = states
-        self._states_at = time.monotonic()
+        self._states_at = time.monotonic() if at is None else at
 
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -247,3 +248,23 @@ async def test_a_stored_old_residency_value_is_read_and_loaded_as_nothing_lost(
     assert view is not None
     (w,) = view.workers
     assert (w.blocks, w.lost_blocks, w.reprefill_tokens, w.frontier) == (1, 1, None, None)
+
+
+async def test_requests_meeting_a_stale_cache_share_one_read_of_it(
+    make_store: MakeStore, raw: Any
+) -> None:
+    """At 500 requests/s every request in flight when the worker-state cache went stale read
+    all of it again: one EXISTS and one HGET per worker each. They now share one read."""
+    writer = await make_store()
+    workers = [WorkerKey(f"pod-{i}", 0) for i in range(20)]
+    for w in workers:
+        await writer.apply(w, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    reader = await make_store(registry_ttl="0.05")
+    await reader.worker_states()
+    await asyncio.sleep(0.06)  # both caches stale now
+    raw.config_resetstat()
+    answers = await asyncio.gather(*(reader.worker_states() for _ in range(30)))
+    assert all(a == answers[0] for a in answers) and set(answers[0]) == set(workers)
+    calls = {name: int(stats["calls"]) for name, stats in raw.info("commandstats").items()}
+    assert calls["cmdstat_smembers"] == 1
+    assert calls["cmdstat_hget"] == len(workers)
