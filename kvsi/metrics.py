@@ -8,6 +8,7 @@ total beside it: a stream pays an integer add per batch, not a labelled-metric l
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Protocol
@@ -47,6 +48,15 @@ HTTP_SECONDS = Histogram(
     ["method", "route"],
     buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+LOOP_LAG = Histogram(
+    "kvsi_event_loop_lag_seconds",
+    "How late the event loop ran a timer due every LOOP_LAG_INTERVAL: what a request or a "
+    "batch may wait behind other work (a long callback, a collection, the process "
+    "descheduled on a busy node).",
+    buckets=(1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+LOOP_LAG_INTERVAL = 0.25
+"""Seconds between two samples of `LOOP_LAG`: four timers a second, nothing to measure."""
 DISCOVERY_PODS = Gauge(
     "kvsi_discovery_pods", "Running vLLM pods central mode currently subscribes to."
 )
@@ -369,3 +379,13 @@ REGISTRY.register(INGEST)
 INDEX = IndexSizes()
 """The index size gauges; `kvsi.serve` refreshes them from the store."""
 REGISTRY.register(INDEX)
+
+
+async def watch_loop_lag(interval: float = LOOP_LAG_INTERVAL) -> None:
+    """Sample the event loop's lag into LOOP_LAG until cancelled: a stall that the request
+    histograms spread over many routes shows here as one number per process."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        LOOP_LAG.observe(max(0.0, loop.time() - due))

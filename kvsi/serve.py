@@ -15,9 +15,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app, create_probe_app
-from api.dynamo import create_dynamo_app
+from api.dynamo import DynamoOptions, create_dynamo_app
 from api.hints import HintOptions
-from api.routes.dynamo import DynamoOptions
 from kvsi import metrics
 from kvsi.dynamo_follow import follow_registrations
 from kvsi.janitor import run_gc_freezer, run_janitor
@@ -126,6 +125,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     tasks.append(
         asyncio.create_task(run_gc_freezer(settings.gc_freeze_interval_seconds), name="gc-freezer")
     )
+    tasks.append(asyncio.create_task(metrics.watch_loop_lag(), name="loop-lag"))
     try:
         if settings.api:
             await _serve_api(settings, store, pool, on_ready)
