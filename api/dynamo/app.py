@@ -17,10 +17,10 @@ from starlette.exceptions import HTTPException
 
 import hashing
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
-from api.dynamo_registry import RegistryDoor
+from api.dynamo import routes
+from api.dynamo.registry import RegistryDoor
+from api.dynamo.routes import DynamoOptions
 from api.errors import describe_validation_errors
-from api.routes import dynamo
-from api.routes.dynamo import DynamoOptions
 from store.base import IndexStore
 
 DESCRIPTION = """\
@@ -56,9 +56,9 @@ def create_dynamo_app(
     app.add_exception_handler(HTTPException, _refused)
     protected = [Depends(require_token)] if tokens else []
     app.include_router(
-        dynamo.router, dependencies=protected, responses=UNAUTHORIZED if tokens else {}
+        routes.router, dependencies=protected, responses=UNAUTHORIZED if tokens else {}
     )
-    app.include_router(dynamo.probe_router)
+    app.include_router(routes.probe_router)
     _document_errors(app)
     return app
 

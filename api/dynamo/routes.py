@@ -2,7 +2,7 @@
 
 Imports neither zmq nor subscriber/. Paths, bodies and answers follow ai-dynamo/dynamo's
 `python -m dynamo.indexer`; docs/routers/dynamo.md says what differs. The app serving them is
-api.dynamo. Only registered instances (`POST /register`) appear: Dynamo's answers are keyed
+api.dynamo.app. Only registered instances (`POST /register`) appear: Dynamo's answers are keyed
 by instance id, and a registration is what gives a worker one.
 """
 
@@ -16,8 +16,8 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 import hashing
-from api.dynamo_registry import RegistryDoor, get_door
-from api.dynamo_schemas import (
+from api.dynamo.registry import RegistryDoor, get_door
+from api.dynamo.schemas import (
     DumpEntry,
     DynamoError,
     Listener,
@@ -31,7 +31,7 @@ from api.dynamo_schemas import (
     WorkerInfo,
     WorkersQuery,
 )
-from api.dynamo_scores import overlap_answer
+from api.dynamo.scores import overlap_answer
 from api.schemas import json_response
 from store.model import (
     DynamoInstance,

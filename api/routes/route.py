@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 import hashing
-from api.dynamo_headers import routing_headers
+from api.dynamo.headers import routing_headers
 from api.hints import Hint, HintFormat, HintOptions, route_hint
 from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN
 from api.ranking import Evidence, Weights, rank

@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 import hashing
-from api.dynamo import create_dynamo_app
-from api.routes.dynamo import DynamoOptions
+from api.dynamo import DynamoOptions, create_dynamo_app
 from store.memory import MemoryStore
 from store.model import Batch, BlocksStored, StoreEvent, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
