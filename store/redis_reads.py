@@ -676,19 +676,27 @@ class RedisReader:
     async def worker_models(self) -> dict[WorkerKey, str | None]:
         """HGET of each registered worker's model, pipelined (one round trip per node; not
         cached: only routes restricted to a model ask). O(workers)."""
-        workers = await self._known()
+        found = await self._meta_field(await self._known(), "model")
+        return {w: _text(model) for w, model in found.items()}
+
+    async def _meta_field(
+        self, workers: list[WorkerKey], name: str
+    ) -> dict[WorkerKey, bytes | None]:
+        """One field of each worker's meta, for the workers whose meta still exists (another
+        process may have removed one since the registry was read): EXISTS and HGET per
+        worker, one pipeline."""
         if not workers:
             return {}
         pipe = self._pipeline()
         for w in workers:
             meta = self.worker_keys(w).meta
             pipe.exists(meta)
-            pipe.hget(meta, "model")
+            pipe.hget(meta, name)
         out = await pipe.execute()
         return {
-            w: _text(model)
-            for w, exists, model in zip(workers, out[0::2], out[1::2], strict=True)
-            if exists  # else removed by another process since the registry was read
+            w: value
+            for w, exists, value in zip(workers, out[0::2], out[1::2], strict=True)
+            if exists
         }
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
@@ -731,21 +739,8 @@ class RedisReader:
 
     async def _read_states(self) -> None:
         started = time.monotonic()
-        workers = await self._known()
-        pipe = self._pipeline()
-        for w in workers:
-            meta = self.worker_keys(w).meta
-            pipe.exists(meta)
-            pipe.hget(meta, "state")
-        out = await pipe.execute()
-        self._keep_states(
-            {
-                w: _state(state)
-                for w, exists, state in zip(workers, out[0::2], out[1::2], strict=True)
-                if exists  # else removed by another process since the registry was read
-            },
-            started,
-        )
+        found = await self._meta_field(await self._known(), "state")
+        self._keep_states({w: _state(state) for w, state in found.items()}, started)
 
     def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:
         self._states = states
