@@ -66,6 +66,10 @@ HELD_CONNECTIONS = 4
 """Connections the read scripts hold (`_ReadConnections`): the prefix match and session
 lookup of two routes at once; further concurrent calls take the client's pool."""
 
+SCAN_CHUNK = 4
+"""Workers whose whole residency hash one round trip of `list_sessions(order="blocks")`
+reads: a few ms of Redis each, so the routes' reads interleave."""
+
 LOSS_CHUNK = 1
 """Workers `worker_losses` sums per round trip: losses.lua holds Redis ~1 ms per 1,000
 residencies, so reads wait behind at most one worker's sum."""
@@ -528,25 +532,27 @@ class RedisReader:
         self, pod: str | None, limit: int, cursor: str | None, prefix: str | None
     ) -> Page[SessionSummary]:
         """Most blocks first: HGETALL of the residencies of every worker asked (the pod's, or
-        all), one pipeline (one round trip per node), summed here, then the page's global
-        last_seen (ZMSCORE per seen set). Seen sets are ordered by time, so no index gives
-        this order: O(residencies) per page, decoded a worker at a time with a yield to the
-        event loop between (100,000 residencies at once would stall requests)."""
+        all), summed here, then the page's global last_seen (ZMSCORE per seen set). Seen sets
+        are ordered by time, so no index gives this order: O(residencies) per page, read
+        SCAN_CHUNK workers per round trip and decoded a worker at a time with a yield to the
+        event loop between: 100,000 residencies in one pipeline held Redis ~30 ms (and the
+        routes waiting on it), decoded at once they would stall this process's requests."""
         if cursor is not None:
             decode_session_cursor(cursor, "blocks")  # a bad cursor fails before the reads
         wanted = None if prefix is None else prefix.encode()
         workers = [w for w in await self._known() if pod is None or w.pod == pod]
-        pipe = self._pipeline()
-        for w in workers:
-            pipe.hgetall(self.worker_keys(w).res)
         held: dict[bytes, list[int]] = {}
-        for residencies in await pipe.execute() if workers else []:
-            for sid, raw in residencies.items():
-                if wanted is None or sid.startswith(wanted):
-                    blocks = sum(decode_residency(raw)[1].values())
-                    if blocks:
-                        held.setdefault(sid, []).append(blocks)
-            await asyncio.sleep(0)
+        for start in range(0, len(workers), SCAN_CHUNK):
+            pipe = self._pipeline()
+            for w in workers[start : start + SCAN_CHUNK]:
+                pipe.hgetall(self.worker_keys(w).res)
+            for residencies in await pipe.execute():
+                for sid, raw in residencies.items():
+                    if wanted is None or sid.startswith(wanted):
+                        blocks = sum(decode_residency(raw)[1].values())
+                        if blocks:
+                            held.setdefault(sid, []).append(blocks)
+                await asyncio.sleep(0)
         snapshot = (
             SessionSummary(session_id=sid.decode(), blocks=sum(c), workers=len(c), last_seen=0.0)
             for sid, c in held.items()

@@ -364,7 +364,7 @@ function closeSession() {
 // -- live updates --------------------------------------------------------------------------
 
 // Redraws are batched: an event marks what it touched and one timer refreshes it.
-const dirty = { fleet: false, sessions: false, session: false };
+const dirty = { fleet: false, sessions: false, session: false, heatmap: false };
 let refreshTimer = null;
 let heatmapTimer = null;
 
@@ -384,13 +384,29 @@ function touch(event, data) {
   if (event === "residency" || event === "reset") {
     heatmapTimer ??= setTimeout(() => {
       heatmapTimer = null;
+      if (document.hidden) {
+        dirty.heatmap = true; // read when the tab shows again
+        return;
+      }
       guarded(loadHeatmap);
     }, HEATMAP_MS);
   }
 }
 
+// A tab in the background reads nothing: the busiest-sessions order costs the API a read of
+// every residency, and an operator may leave the page open for days.
+document.addEventListener("visibilitychange", () => {
+  if (document.hidden) return;
+  if (dirty.heatmap) {
+    dirty.heatmap = false;
+    guarded(loadHeatmap);
+  }
+  if (dirty.fleet || dirty.sessions || dirty.session) refresh();
+});
+
 async function refresh() {
   refreshTimer = null;
+  if (document.hidden) return; // dirty flags kept: the visibilitychange handler reads
   const jobs = [];
   if (dirty.fleet) jobs.push(loadFleet());
   if (dirty.sessions) jobs.push(loadSessions());

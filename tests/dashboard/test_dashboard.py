@@ -139,6 +139,36 @@ async def _more_than(page: Page, count: int) -> bool:
     return await _events_seen(page) > count
 
 
+HIDE = """hidden => {
+  Object.defineProperty(document, "hidden", { configurable: true, get: () => hidden });
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
+
+
+async def test_a_background_tab_reads_nothing_until_shown_again(
+    browser: Browser, demo: Demo
+) -> None:
+    page = await open_page(browser, demo.url + "/")
+    await until(lambda: _all_live(page), 30, "pods live")
+    await page.evaluate(HIDE, True)
+    reads: list[str] = []
+    page.on("request", lambda r: reads.append(r.url) if "/v1/watch" not in r.url else None)
+    seen = await _events_seen(page)
+    await until(lambda: _more_than(page, seen + 50), 30, "changes while hidden")
+    await page.wait_for_timeout(6000)  # past the heatmap's 5 s timer
+    assert reads == [], "a hidden tab still read the API"
+    assert await page.locator("#feed").get_attribute("data-state") == "live"
+
+    await page.evaluate(HIDE, False)
+
+    async def caught_up() -> bool:
+        return any("order=blocks" in url for url in reads) and any(
+            "/v1/pods" in url for url in reads
+        )
+
+    await until(caught_up, 10, "the heatmap and the fleet read again once shown")
+
+
 async def test_with_tokens_the_page_asks_for_one_and_sends_it(
     browser: Browser, guarded_demo: Demo, tmp_path: Path
 ) -> None:
