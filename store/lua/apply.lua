@@ -37,27 +37,26 @@ local CHUNK = 4000
 -- a digest's last byte, else the u64's low 7 bits. The member is the u64 as a signed
 -- decimal; 10^7 is a multiple of 128, so its last 7 digits carry its low 7 bits, and a
 -- negative one (the u64 minus 2^64, also a multiple of 128) counts down from 128.
-local function bucket(m)
-  local first = string.byte(m, 1)
-  if first == 0 then
-    return string.byte(m, -1) % 128
-  end
-  if first == 45 then
-    return (128 - tonumber(string.sub(m, math.max(2, #m - 6))) % 128) % 128
-  end
-  return tonumber(string.sub(m, -7)) % 128
-end
-
-local base, marks, touched = nil, {}, {}
+-- Marks are kept per base and bucket number, the key named once per bucket at the flush:
+-- this loop runs once per stored or evicted member.
+local byte, sub, max = string.byte, string.sub, math.max
+local base, marks, bases = nil, nil, {}
 local function mark(from, to, present)
   for j = from, to do
     local m = ARGV[j]
-    local key = base .. bucket(m)
-    local t = marks[key]
+    local first = byte(m, 1)
+    local b
+    if first == 0 then
+      b = byte(m, -1) % 128
+    elseif first == 45 then
+      b = (128 - tonumber(sub(m, max(2, #m - 6))) % 128) % 128
+    else
+      b = tonumber(sub(m, -7)) % 128
+    end
+    local t = marks[b]
     if not t then
       t = {}
-      marks[key] = t
-      touched[#touched + 1] = key
+      marks[b] = t
     end
     t[m] = present
   end
@@ -70,19 +69,26 @@ local function write(cmd, key, list)
 end
 
 local function flush()
-  for _, key in ipairs(touched) do
-    local add, rem = {}, {}
-    for m, present in pairs(marks[key]) do
-      if present then
-        add[#add + 1] = m
-      else
-        rem[#rem + 1] = m
+  for head, buckets in pairs(bases) do
+    for b, t in pairs(buckets) do
+      local add, rem = {}, {}
+      for m, present in pairs(t) do
+        if present then
+          add[#add + 1] = m
+        else
+          rem[#rem + 1] = m
+        end
       end
+      local key = head .. b
+      write('SREM', key, rem)
+      write('SADD', key, add)
     end
-    write('SREM', key, rem)
-    write('SADD', key, add)
   end
-  marks, touched = {}, {}
+  bases = {}
+  if base then
+    marks = {}
+    bases[base] = marks
+  end
 end
 
 local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
@@ -140,6 +146,11 @@ while i <= n do
     i = i + 2 + count
   elseif code == 'B' then
     base = KEYS[k]
+    marks = bases[base]
+    if not marks then
+      marks = {}
+      bases[base] = marks
+    end
     k = k + 1
     i = i + 2
   elseif one then
