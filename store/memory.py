@@ -37,7 +37,7 @@ from store.model import (
     advance,
     decide,
     fell_behind,
-    next_position,
+    note_store,
     reprefill_tokens,
     tally_losses,
 )
@@ -262,14 +262,7 @@ class MemoryStore:
             res.last_seen = ts
             if ts > res.session.last_seen:
                 res.session.last_seen = ts
-        res.lost = 0
-        if event.block_size is not None:
-            res.block_size = event.block_size
-        if hashes:
-            res.position = next_position(
-                res.position, res.frontier, event.parent_block_hash, hashes
-            )
-            res.frontier = hashes[-1]
+        note_store(res, event)
         held = res.blocks.get(pk)
         if held is None:
             held = res.blocks[pk] = set()

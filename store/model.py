@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -190,6 +190,27 @@ def next_position(
     if parent == frontier:
         return None if position is None else position + len(hashes)
     return position if hashes[-1] == frontier else None
+
+
+class Progressing(Protocol):
+    """A residency's eviction bookkeeping, as both backends keep it (`SessionOnWorker`)."""
+
+    lost: int
+    block_size: int | None
+    frontier: Hash | None
+    position: int | None
+
+
+def note_store(res: Progressing, event: BlocksStored) -> None:
+    """What a store does to that bookkeeping: nothing lost since, the store's block size,
+    and the frontier advanced to its last hash (`next_position`)."""
+    res.lost = 0
+    if event.block_size is not None:
+        res.block_size = event.block_size
+    hashes = event.block_hashes
+    if hashes:
+        res.position = next_position(res.position, res.frontier, event.parent_block_hash, hashes)
+        res.frontier = hashes[-1]
 
 
 class SessionOnWorker(msgspec.Struct):

@@ -32,7 +32,7 @@ from store.model import (
     Holders,
     PartKey,
     advance,
-    next_position,
+    note_store,
 )
 from store.redis_layout import (
     NO_PROGRESS,
@@ -356,14 +356,7 @@ class Mirror:
         if ts > res.t:
             res.t = ts
             res.tr = tr
-        res.lost = 0
-        if event.block_size is not None:
-            res.block_size = event.block_size
-        if hashes:
-            res.position = next_position(
-                res.position, res.frontier, event.parent_block_hash, hashes
-            )
-            res.frontier = hashes[-1]
+        note_store(res, event)
         added: list[Hash] = []
         fresh: list[Hash] = []
         adopted: list[Hash] | None = None
