@@ -8,6 +8,7 @@ store outage into a 503.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable
 from typing import TypeVar, cast
 
@@ -33,6 +34,32 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class OutageLog:
+    """Store failures as one line each, at most one line per `every` seconds: an outage under
+    load writes a few lines that say how many calls failed, not one traceback per request."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self._every = every
+        self._next = 0.0
+        self._held = 0
+
+    def failed(self, method: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return
+        log.error(
+            "index store call failed: %s: %s (%s; %d more failed calls since the last line)",
+            type(exc).__name__,
+            exc,
+            method,
+            self._held,
+            extra={"store_method": method, "error": type(exc).__name__},
+        )
+        self._next = now + self._every
+        self._held = 0
+
+
 class IndexReader:
     """The store's read methods: a bad cursor -> 400, any other failure -> 503, logged.
 
@@ -42,6 +69,7 @@ class IndexReader:
 
     def __init__(self, store: IndexStore) -> None:
         self._store = store
+        self._outage = OutageLog()
 
     async def _call(self, method: str, pending: Awaitable[T]) -> T:
         try:
@@ -49,11 +77,7 @@ class IndexReader:
         except InvalidCursorError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from exc
         except Exception as exc:
-            log.error(
-                "index store call failed",
-                exc_info=exc,
-                extra={"store_method": method, "error": type(exc).__name__},
-            )
+            self._outage.failed(method, exc)
             raise HTTPException(
                 status_code=503,
                 detail=f"index store unavailable: {type(exc).__name__}: {exc}",

@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
 from kvsi.settings import load_settings
 
@@ -25,24 +27,67 @@ app = typer.Typer(
 
 
 def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:
-    """`NAME[/RANK]=ENDPOINT` flags (and `NAME[/RANK]=REPLAY`) as publisher configs."""
+    """`NAME[/RANK]=ENDPOINT` flags (and `NAME[/RANK]=REPLAY`) as publisher configs; a name
+    given twice, or a replay for no pod, is a StartupError (never silently dropped)."""
     out: dict[str, dict[str, Any]] = {}
     for flag in pods:
         name, endpoint = _split(flag, "--pod")
+        if name in out:
+            raise StartupError(f"--pod {flag!r}: {name!r} is named by another --pod already")
         pod, _, rank = name.partition("/")
         out[name] = {"pod": pod, "endpoint": endpoint, "dp_rank": int(rank or 0)}
     for flag in replays:
         name, endpoint = _split(flag, "--replay")
         if name not in out:
-            raise typer.BadParameter(f"--replay {flag!r}: no --pod named {name!r}")
+            raise StartupError(f"--replay {flag!r}: no --pod named {name!r}")
+        if "replay_endpoint" in out[name]:
+            raise StartupError(f"--replay {flag!r}: {name!r} has a --replay already")
         out[name]["replay_endpoint"] = endpoint
     return list(out.values())
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM (docker stop, the kubelet) stops like Ctrl-C: streams, store and HTTP close
-    in order and the exit code is 0, instead of the process dying mid-write."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` until it returns or SIGINT / SIGTERM (Ctrl-C, docker stop, the kubelet)
+    arrives. The first signal cancels it inside the event loop, so streams, store and HTTP
+    close in order, every worker thread is let go and the exit code is 0, instead of a
+    KeyboardInterrupt landing wherever the loop happens to be. Signals during that shutdown
+    are ignored: a second cancel would cut the cleanup short (the kubelet's SIGKILL after
+    the grace period is the hard stop)."""
+
+    async def until_signalled() -> None:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(main, name="main")
+
+        def stop() -> None:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, lambda: None)
+            task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(until_signalled())
+
+
+def _stopped_while_starting(signum: int, _frame: object) -> None:
+    raise SystemExit(0)
+
+
+@contextlib.contextmanager
+def startup_errors() -> Iterator[None]:
+    """A StartupError is one line on stderr and exit code 2, without a traceback. A SIGTERM
+    while the command still imports and configures (over a second on a busy node) is a
+    clean exit 0: nothing has started that needs stopping."""
+    before = signal.signal(signal.SIGTERM, _stopped_while_starting)
+    try:
+        yield
+    except StartupError as exc:
+        typer.echo(f"kvsi: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def parse_labels(flags: list[str]) -> dict[str, str]:
@@ -51,7 +96,7 @@ def parse_labels(flags: list[str]) -> dict[str, str]:
     for flag in flags:
         key, sep, value = flag.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"--discover {flag!r}: expected KEY=VALUE")
+            raise StartupError(f"--discover {flag!r}: expected KEY=VALUE")
         labels[key] = value
     return labels
 
@@ -59,10 +104,10 @@ def parse_labels(flags: list[str]) -> dict[str, str]:
 def _split(flag: str, option: str) -> tuple[str, str]:
     name, sep, endpoint = flag.partition("=")
     if not sep or not name or not endpoint:
-        raise typer.BadParameter(f"{option} {flag!r}: expected NAME=ENDPOINT")
+        raise StartupError(f"{option} {flag!r}: expected NAME=ENDPOINT")
     pod, _, rank = name.partition("/")
     if not pod or (rank and not rank.isdigit()):
-        raise typer.BadParameter(f"{option} {flag!r}: NAME is POD or POD/RANK")
+        raise StartupError(f"{option} {flag!r}: NAME is POD or POD/RANK")
     return name, endpoint
 
 
@@ -110,44 +155,62 @@ def serve(
     config: Annotated[Path | None, typer.Option(help="TOML config file.")] = None,
 ) -> None:
     """Ingest KV events and serve the index (the API and ingest in one process)."""
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "topic": topic,
-            "store": store,
-            "host": host,
-            "port": port,
-            "api": api,
-            "ingest": ingest,
-            "metrics_port": metrics_port,
-        }.items()
-        if v is not None
-    }
-    if pod:
-        overrides["publishers"] = parse_pods(pod, replay or [])
+    with startup_errors():
+        settings = load_settings(
+            config,
+            **serve_overrides(
+                pod=pod or [],
+                replay=replay or [],
+                discover=discover or [],
+                namespace=namespace,
+                demo=demo,
+                flags={
+                    "topic": topic,
+                    "store": store,
+                    "host": host,
+                    "port": port,
+                    "api": api,
+                    "ingest": ingest,
+                    "metrics_port": metrics_port,
+                },
+            ),
+        )
+        configure_logging(settings.log_level, settings.log_format)
+        from kvsi.serve import run_service
+
+        def announce(url: str) -> None:
+            if url:
+                typer.echo(f"kv-session-index is serving on {url}")
+                typer.echo(f"  dashboard: {url}/")
+                typer.echo(f"  fleet:     {url}/v1/pods")
+                typer.echo(f"  sessions:  {url}/v1/sessions")
+                typer.echo(f"  one:       {url}/v1/sessions/<session_id>")
+                typer.echo(f"  API docs:  {url}/docs")
+                typer.echo(f"  metrics:   {url}/metrics")
+
+        run_until_signalled(run_service(settings, on_ready=announce))
+
+
+def serve_overrides(
+    *,
+    pod: list[str],
+    replay: list[str],
+    discover: list[str],
+    namespace: str | None,
+    demo: bool,
+    flags: dict[str, Any],
+) -> dict[str, Any]:
+    """What `kvsi serve`'s flags set, as settings overrides (flags left out set nothing)."""
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    if pod or replay:
+        overrides["publishers"] = parse_pods(pod, replay)
     if discover:
         overrides["discovery"] = {"labels": parse_labels(discover)}
     if namespace is not None:
         overrides.setdefault("discovery", {})["namespace"] = namespace
     if demo:
         overrides["demo"] = True
-    settings = load_settings(config, **overrides)
-    configure_logging(settings.log_level, settings.log_format)
-    from kvsi.serve import run_service
-
-    def announce(url: str) -> None:
-        if url:
-            typer.echo(f"kv-session-index is serving on {url}")
-            typer.echo(f"  dashboard: {url}/")
-            typer.echo(f"  fleet:     {url}/v1/pods")
-            typer.echo(f"  sessions:  {url}/v1/sessions")
-            typer.echo(f"  one:       {url}/v1/sessions/<session_id>")
-            typer.echo(f"  API docs:  {url}/docs")
-            typer.echo(f"  metrics:   {url}/metrics")
-
-    stop_on_sigterm()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_service(settings, on_ready=announce))
+    return overrides
 
 
 @app.command()
@@ -165,12 +228,11 @@ def simulate(
     ] = None,
 ) -> None:
     """Publish vLLM 0.33 KV events from simulated pods (no GPU needed)."""
-    configure_logging("info", "console")
-    from simulator.fleet import simulate as run_fleet
+    with startup_errors():
+        configure_logging("info", "console")
+        from simulator.fleet import simulate as run_fleet
 
-    stop_on_sigterm()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
+        run_until_signalled(
             run_fleet(
                 pods=pods,
                 base_port=base_port,
@@ -188,9 +250,13 @@ def tail(
     endpoint: Annotated[str, typer.Argument(help="Publisher endpoint, e.g. tcp://host:5557.")],
     topic: Annotated[str, typer.Option(help="Topic prefix filter.")] = "",
     count: Annotated[int | None, typer.Option(help="Stop after this many messages.")] = None,
+    quiet_notice: Annotated[
+        float,
+        typer.Option(help="Say so on stderr after this many seconds with nothing received."),
+    ] = 10.0,
 ) -> None:
     """Print a publisher's decoded events, one line each."""
     from kvsi.tail import tail as run_tail
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_tail(endpoint, topic, count))
+    with startup_errors():
+        run_until_signalled(run_tail(endpoint, topic, count, quiet_notice=quiet_notice))

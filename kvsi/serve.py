@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import structlog
@@ -19,11 +20,12 @@ from api.dynamo import DynamoOptions, create_dynamo_app
 from api.hints import HintOptions
 from kvsi import metrics
 from kvsi.dynamo_follow import follow_registrations
+from kvsi.errors import StartupError
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from store.base import IndexStore
 from store.model import WorkerKey
-from store.select import open_store
+from store.select import StoreURLError, masked, open_store
 from subscriber.pool import StreamPool
 from subscriber.stream import IngestOptions, PublisherSpec
 
@@ -77,7 +79,11 @@ def readiness_probe(
 
 async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | None = None) -> None:
     """Run until cancelled (Ctrl-C): ingest and/or API as the settings say."""
-    store = open_store(settings.store)
+    try:
+        store = open_store(settings.store)
+    except StoreURLError as exc:
+        raise StartupError(str(exc)) from exc
+    await warn_if_unreachable(store, settings.store)
     specs = publisher_specs(settings)
     tasks: list[asyncio.Task[Any]] = []
     fleet = None
@@ -146,6 +152,24 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             fleet.stop()
             await fleet.close()
         await store.close()
+
+
+STORE_CHECK_SECONDS = 3.0
+"""How long the start-up check waits for the store before saying it is unreachable."""
+
+
+async def warn_if_unreachable(store: IndexStore, url: str) -> None:
+    """One warning line at start when the store does not answer; the service starts anyway
+    (the API answers 503 and ingest holds its batches until the store is back)."""
+    try:
+        await asyncio.wait_for(store.list_workers(), STORE_CHECK_SECONDS)
+    except Exception as exc:  # any failure: the line names it, the service goes on
+        log.warning(
+            "store.unreachable",
+            store=masked(url),
+            error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+            meanwhile="the API answers 503 and ingest holds its batches until it answers",
+        )
 
 
 def _start_discovery(config: DiscoveryConfig, topic: str, pool: StreamPool) -> asyncio.Task[None]:
@@ -259,6 +283,34 @@ def _probes_ready(on_ready: Callable[[str], None] | None) -> Callable[[str], Non
     return ready
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without signal handlers of its own: the process's (`kvsi.cli`'s) stop the
+    whole service in order, HTTP included. uvicorn's replace them while it serves and raise
+    the signal again once it is done, which would land in the middle of that cleanup."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for the HTTP server; StartupError says why not (a port in use)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    return sock
+
+
 async def _serve_http(
     app: FastAPI, host: str, port: int, on_ready: Callable[[str], None] | None
 ) -> None:
@@ -266,17 +318,19 @@ async def _serve_http(
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, lifespan="on", access_log=False
     )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve(), name="http")
-    # uvicorn offers no "started" event to await; poll its flag briefly at start-up.
-    while not server.started and not serving.done():  # noqa: ASYNC110
-        await asyncio.sleep(0.05)
-    if server.started and on_ready is not None:
-        sock = server.servers[0].sockets[0].getsockname()
-        on_ready(f"http://{sock[0]}:{sock[1]}")
+    server = _Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[listen(host, port)]), name="http")
     try:
-        await serving
+        # uvicorn offers no "started" event to await; poll its flag briefly at start-up.
+        while not server.started and not serving.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if server.started and on_ready is not None:
+            sock = server.servers[0].sockets[0].getsockname()
+            on_ready(f"http://{sock[0]}:{sock[1]}")
+        # Waited on, not awaited: cancelling this coroutine (the service stopping) must not
+        # cancel uvicorn mid-request; should_exit below lets it finish and shut down itself.
+        await asyncio.wait([serving])
+        serving.result()
     finally:
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await serving
+        await asyncio.wait([serving])

@@ -6,17 +6,21 @@ Imports pydantic only. Precedence: CLI flags > environment > config file > defau
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from string import Formatter
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, FilePath, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
+
+from kvsi.errors import StartupError, describe_settings_error, describe_validation
 
 
 class PublisherConfig(BaseModel):
@@ -160,9 +164,9 @@ class Settings(BaseSettings):
     """Serve the HTTP API (off for an ingest-only sidecar)."""
     api_tokens: list[str] = []
     """Bearer tokens accepted by every /v1 endpoint; empty: no access control."""
-    api_tokens_file: Path | None = None
+    api_tokens_file: FilePath | None = None
     """A file with one bearer token per line (a mounted Kubernetes Secret), added to
-    `api_tokens`; re-read at start only."""
+    `api_tokens`; re-read at start only. It must exist when the service starts."""
     metrics_require_token: bool = False
     """Also require a bearer token on /metrics (the probes always stay open)."""
     ingest: bool = True
@@ -236,7 +240,11 @@ def bearer_tokens(settings: Settings) -> list[str]:
     """Every configured token: the setting's plus the file's (blank and # lines skipped)."""
     tokens = list(settings.api_tokens)
     if settings.api_tokens_file is not None:
-        for line in settings.api_tokens_file.read_text().splitlines():
+        try:
+            text = settings.api_tokens_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StartupError(f"api_tokens_file {settings.api_tokens_file}: {exc}") from exc
+        for line in text.splitlines():
             token = line.strip()
             if token and not token.startswith("#"):
                 tokens.append(token)
@@ -244,7 +252,9 @@ def bearer_tokens(settings: Settings) -> list[str]:
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Settings from the file (if any), the environment and `overrides` (CLI flags)."""
+    """Settings from the file (if any), the environment and `overrides` (CLI flags).
+
+    Raises StartupError, one line naming the file, variable or setting that is wrong."""
 
     class _WithFile(Settings):
         @classmethod
@@ -262,6 +272,15 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             return sources
 
     if config_file is not None and not config_file.is_file():
-        raise FileNotFoundError(f"config file {config_file} does not exist")
-    loaded = _WithFile(**overrides)
-    return Settings.model_validate(loaded.model_dump())
+        raise StartupError(f"config file {config_file} does not exist")
+    try:
+        loaded = _WithFile(**overrides)
+        settings = Settings.model_validate(loaded.model_dump())
+        bearer_tokens(settings)
+    except tomllib.TOMLDecodeError as exc:
+        raise StartupError(f"config file {config_file} is not valid TOML: {exc}") from exc
+    except SettingsError as exc:
+        raise StartupError(describe_settings_error(exc)) from exc
+    except ValidationError as exc:
+        raise StartupError(describe_validation(exc)) from exc
+    return settings

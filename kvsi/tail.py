@@ -5,12 +5,14 @@ Imports zmq and the wire decoder; never the store or the API.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
+from kvsi.errors import StartupError
 from store.model import format_hash
 from subscriber import wire
 from subscriber.decode import wire_decoder
@@ -29,19 +31,37 @@ def describe(event: wire.KVCacheEvent) -> str:
 
 
 async def tail(
-    endpoint: str, topic: str, count: int | None, out: Callable[[str], object] = print
+    endpoint: str,
+    topic: str,
+    count: int | None,
+    out: Callable[[str], object] = print,
+    *,
+    quiet_notice: float = 10.0,
+    notice: Callable[[str], object] = lambda line: print(line, file=sys.stderr),
 ) -> None:
-    """Print events from `endpoint` until `count` messages (or forever)."""
+    """Print events from `endpoint` until `count` messages (or forever); after every
+    `quiet_notice` seconds with nothing received, say so through `notice`."""
+    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+        raise StartupError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-    sock.connect(endpoint)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        ctx.term()
+        raise StartupError(f"cannot connect to {endpoint!r}: {exc}") from exc
     decoder = wire_decoder()
     seen = 0
     try:
         while count is None or seen < count:
-            frames = await sock.recv_multipart()
+            try:
+                frames = await asyncio.wait_for(sock.recv_multipart(), quiet_notice)
+            except TimeoutError:
+                notice(_quiet(endpoint, topic, quiet_notice, seen))
+                continue
             seen += 1
             if len(frames) != 3 or len(frames[1]) != SEQ_BYTES:
                 out(f"! malformed message: {len(frames)} frames")
@@ -58,3 +78,12 @@ async def tail(
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+def _quiet(endpoint: str, topic: str, seconds: float, seen: int) -> str:
+    since = "since the last one" if seen else "yet"
+    wanted = f" with topic prefix {topic!r}" if topic else ""
+    return (
+        f"(no message from {endpoint}{wanted} {since} in {seconds:g} s: is the engine "
+        "publishing there, with KV events on, and does the topic match?)"
+    )

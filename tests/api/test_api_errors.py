@@ -79,7 +79,20 @@ async def test_store_failure_is_503_and_logged(
 
     assert body["detail"].startswith(detail)
     [record] = caplog.records
-    assert record.message == "index store call failed" and record.exc_info is not None
+    assert record.message.startswith("index store call failed: " + detail.split(": ", 1)[1])
+    assert record.exc_info is None, "one line, not a traceback per request"
+
+
+async def test_an_outage_logs_one_line_for_many_failed_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="api.reader")
+    async with client_over(DownStore()) as client:
+        for _ in range(20):
+            await get_json(client, "/v1/pods", status=503)
+
+    [record] = caplog.records
+    assert "(list_workers; 0 more failed calls since the last line)" in record.message
 
 
 async def test_session_view_is_503_when_the_worker_states_cannot_be_read() -> None:

@@ -3,6 +3,7 @@ the service: what the service would have been configured with, or why it was ref
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ def run_kvsi(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(kvsi.serve, "run_service", fake_service)
     monkeypatch.setattr(simulator.fleet, "simulate", fake_simulate)
     monkeypatch.setattr(kvsi.cli, "configure_logging", lambda *_: None)
-    monkeypatch.setattr(kvsi.cli, "stop_on_sigterm", lambda: None)
+    monkeypatch.setattr(kvsi.cli, "run_until_signalled", asyncio.run)
     result = CliRunner().invoke(kvsi.cli.app, argv)
     assert result.exit_code == 0, f"kvsi {' '.join(argv)}: {result.output}{result.exception!r}"
     assert parsed.settings is not None or parsed.simulate is not None, argv

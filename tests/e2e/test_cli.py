@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsi.cli import app, parse_pods
+from kvsi.errors import StartupError
 from kvsi.settings import load_settings
 from kvsi.tail import tail
 from simulator.engine import SimulatedEngine
@@ -125,11 +126,11 @@ def test_settings_precedence_flags_over_env_over_file(
 
 
 def test_settings_reject_bad_values_with_the_reason(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="must start with tcp://"):
+    with pytest.raises(StartupError, match="must start with tcp://"):
         load_settings(None, publishers=[{"pod": "pod-a", "endpoint": "http://x"}])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StartupError, match="does not exist"):
         load_settings(tmp_path / "missing.toml")
-    with pytest.raises(ValueError, match="pod"):
+    with pytest.raises(StartupError, match="pod"):
         load_settings(None, publishers=[{"pod": "Pod_A", "endpoint": "tcp://x:1"}])
 
 

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from kvsi.cli import app
 from kvsi.discovery import Changes, FleetPlanner, PodEvent, PodInfo, PodSnapshot, publishers_of
+from kvsi.errors import StartupError
 from kvsi.settings import DiscoveryConfig, load_settings
 from store.model import WorkerKey
 from subscriber.stream import PublisherSpec
@@ -143,9 +144,9 @@ def test_a_recorded_watch_stream_gives_the_expected_worker_changes() -> None:
 
 
 def test_discovery_settings_need_ingest_and_labels_flags_need_a_value() -> None:
-    with pytest.raises(ValueError, match="needs ingest"):
+    with pytest.raises(StartupError, match="needs ingest"):
         load_settings(None, discovery={"labels": {"app": "vllm"}}, ingest=False)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(StartupError, match="labels"):
         load_settings(None, discovery={"labels": {}})
     result = CliRunner().invoke(app, ["serve", "--discover", "app"])
     assert result.exit_code != 0 and "expected KEY=VALUE" in result.output

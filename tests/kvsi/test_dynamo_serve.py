@@ -96,5 +96,7 @@ def test_a_dynamo_port_in_use_stops_the_whole_service() -> None:
             timeout=60,
         )
 
-    assert result.returncode != 0
-    assert "address already in use" in result.stderr + result.stdout
+    assert result.returncode == 2
+    assert "kvsi: error: cannot listen on" in result.stderr
+    assert "address already in use" in result.stderr.lower()
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,169 @@
+"""Every mistake a user makes starting `kvsi` is one line on stderr and exit code 2: a real
+process per case, as a shell or a container runtime sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvsi.tail import tail
+from tests.e2e.services import services
+from tests.ports import free_port_run
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+KVSI = [sys.executable, "-m", "kvsi"]
+
+WITHOUT_REDIS_CLIENT = [
+    sys.executable,
+    "-c",
+    "import sys; sys.modules['redis'] = None; from kvsi.cli import app; app()",
+]
+"""`kvsi` in an environment where `import redis` fails (an install without the client)."""
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVSI_")}
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=clean | {"COLUMNS": "200"} | (env or {}),
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def bad_toml(tmp: Path) -> str:
+    path = tmp / "bad.toml"
+    path.write_text("port = [\n")
+    return str(path)
+
+
+CASES: list[tuple[str, list[str], dict[str, str], str]] = [
+    # (id, argv after `kvsi`, environment, what the one line must say)
+    ("tokens-not-json", ["serve"], {"KVSI_API_TOKENS": "plain"}, "KVSI_API_TOKENS is not valid"),
+    (
+        "tokens-file-missing",
+        ["serve"],
+        {"KVSI_API_TOKENS_FILE": "/nonexistent"},
+        "setting api_tokens_file: Path does not point to a file (got '/nonexistent')",
+    ),
+    ("store-unknown", ["serve", "--store", "bogus://x"], {}, "unknown store 'bogus://x'; valid:"),
+    (
+        "store-bad-option-password-masked",
+        ["serve", "--store", "redis://:hunter2@127.0.0.1:1/?registry_ttl=x"],
+        {},
+        "redis://:***@127.0.0.1:1/?registry_ttl=x': registry_ttl must be a number",
+    ),
+    (
+        "pod-not-a-url",
+        ["serve", "--pod", "a=notaurl"],
+        {},
+        "setting publishers.0.endpoint: endpoint 'notaurl' must start with tcp://",
+    ),
+    ("pod-no-endpoint", ["serve", "--pod", "a"], {}, "--pod 'a': expected NAME=ENDPOINT"),
+    (
+        "pod-twice",
+        ["serve", "--pod", "a=tcp://127.0.0.1:1", "--pod", "a=tcp://127.0.0.1:2"],
+        {},
+        "'a' is named by another --pod already",
+    ),
+    (
+        "replay-without-pod",
+        ["serve", "--replay", "b=tcp://127.0.0.1:2"],
+        {},
+        "--replay 'b=tcp://127.0.0.1:2': no --pod named 'b'",
+    ),
+    (
+        "replay-other-pod",
+        ["serve", "--pod", "a=tcp://127.0.0.1:1", "--replay", "b=tcp://127.0.0.1:2"],
+        {},
+        "no --pod named 'b'",
+    ),
+    ("port-out-of-range", ["serve", "--port", "99999"], {}, "setting port: Input should be less"),
+    ("discover-no-value", ["serve", "--discover", "app"], {}, "expected KEY=VALUE"),
+    ("config-missing", ["serve", "--config", "/nonexistent.toml"], {}, "does not exist"),
+    ("tail-not-a-url", ["tail", "notaurl"], {}, "endpoint 'notaurl' must start with tcp://"),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "says"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_mistake_is_one_line_and_exit_code_2(
+    argv: list[str], env: dict[str, str], says: str
+) -> None:
+    assert_one_line(run([*KVSI, *argv], env), says)
+
+
+def test_bad_toml_is_one_line(tmp_path: Path) -> None:
+    assert_one_line(
+        run([*KVSI, "serve", "--config", bad_toml(tmp_path)]), "is not valid TOML: Invalid value"
+    )
+
+
+def test_a_port_in_use_is_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run([*KVSI, "serve", "--port", str(port)])
+    assert_one_line(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_redis_store_without_the_redis_client_names_the_extra() -> None:
+    result = run([*WITHOUT_REDIS_CLIENT, "serve", "--store", "redis://127.0.0.1:1"])
+    assert_one_line(result, "pip install 'kv-session-index[redis]'")
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], says: str) -> None:
+    shown = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 2, shown
+    assert "Traceback" not in result.stderr + result.stdout, shown
+    lines = [line for line in result.stderr.splitlines() if line.startswith("kvsi: error: ")]
+    assert len(lines) == 1 and says in lines[0], shown
+    assert result.stderr.strip().splitlines()[-1] == lines[0], shown
+
+
+async def test_an_unreachable_redis_is_one_warning_at_start_and_503s_one_line_each() -> None:
+    closed = free_port_run(1)
+    async with services() as running:
+        service = running.start("kvsi", f"redis://:hunter2@127.0.0.1:{closed}/0", None)
+        base = await service.serving()
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            for _ in range(5):
+                response = await client.get("/v1/sessions/s-1")
+                assert response.status_code == 503
+                assert "index store unavailable" in response.json()["detail"]
+        output = service.output()
+    warnings = [line for line in output.splitlines() if "store.unreachable" in line]
+    assert len(warnings) == 1, output
+    assert "redis://:***@127.0.0.1" in warnings[0] and "hunter2" not in output, output
+    failures = [line for line in output.splitlines() if "index store call failed" in line]
+    assert 1 <= len(failures) < 5, output
+    assert "Traceback" not in output, output
+
+
+async def test_tail_says_when_nothing_arrives() -> None:
+    port = free_port_run(1)
+    notices: list[str] = []
+    task = asyncio.create_task(
+        tail(f"tcp://127.0.0.1:{port}", "kv@", None, quiet_notice=0.2, notice=notices.append)
+    )
+
+    async def two_notices() -> bool:
+        return len(notices) >= 2
+
+    try:
+        await eventually(two_notices)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert f"no message from tcp://127.0.0.1:{port} with topic prefix 'kv@' yet" in notices[0]
