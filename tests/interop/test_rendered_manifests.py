@@ -101,19 +101,20 @@ def renumbered(text: str, ports: Mapping[int, int]) -> str:
     )
 
 
+def command(objs: tuple[Obj, ...], container: Obj, ports: Mapping[int, int]) -> Command:
+    """The container's args and variables as the kubelet sets them, ports renumbered."""
+    env = environment(objs, container)
+    return Command(
+        [renumbered(arg, ports) for arg in command_line(objs, container)],
+        {name: renumbered(value, ports) for name, value in env.items()},
+    )
+
+
 def shipped(overlay: str, ports: Mapping[int, int]) -> Shipped:
     objs = rendered(overlay)
     config = events_config(objs)
     for field in ("endpoint", "replay_endpoint"):
         config[field] = renumbered(config[field], ports)
-
-    def command(objs: tuple[Obj, ...], container: Obj) -> Command:
-        env = environment(objs, container)
-        return Command(
-            [renumbered(arg, ports) for arg in command_line(objs, container)],
-            {name: renumbered(value, ports) for name, value in env.items()},
-        )
-
     kvsi = {w["metadata"]["name"]: c for w, c in containers(objs) if is_kvsi(c)}
     api = kvsi.pop("kvsi-api")
     (ingest,) = kvsi.values()
@@ -121,27 +122,29 @@ def shipped(overlay: str, ports: Mapping[int, int]) -> Shipped:
     annotations = {k: renumbered(v, ports) for k, v in metadata.get("annotations", {}).items()}
     return Shipped(
         kv_events=KVEventsConfig(**config),
-        ingest=command(objs, ingest),
-        api=command(objs, api),
+        ingest=command(objs, ingest, ports),
+        api=command(objs, api, ports),
         vllm_pod={"labels": metadata["labels"], "annotations": annotations},
     )
 
 
 @contextmanager
 def redis_behind(store: str) -> Iterator[str]:
-    """A Redis of the store URL's kind on loopback; yields the URL resolved to it."""
+    """A Redis of the store URL's kind on loopback (a Redis Cluster for `+cluster`); yields
+    the URL with its host and port resolved to it, as the cluster's DNS would."""
     require("redis-server", "redis-cli")
     parts = urlsplit(store)
-    servers = RedisClusterServers() if parts.scheme.endswith("+cluster") else None
-    server = servers.nodes[0] if servers is not None else RedisServer()
+    if parts.scheme.endswith("+cluster"):
+        cluster = RedisClusterServers()
+        nodes, start = cluster.nodes, cluster.start
+    else:
+        server = RedisServer()
+        nodes, start = [server], server.start
     try:
-        if servers is not None:
-            servers.start()
-        else:
-            server.start()
-        yield parts._replace(netloc=f"127.0.0.1:{server.port}").geturl()
+        start()
+        yield parts._replace(netloc=f"127.0.0.1:{nodes[0].port}").geturl()
     finally:
-        for node in servers.nodes if servers is not None else [server]:
+        for node in nodes:
             node.remove()
 
 
