@@ -5,91 +5,32 @@ engines' endpoints, Redis and the ZMQ ports admit only kvsi."""
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-from functools import cache
-from typing import Any
-
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
-import yaml
 
 from kvsi.settings import Settings
 from tests.deploy.cli_check import run_kvsi, unknown_variables
-from tests.deploy.paths import DEPLOY, tool
+from tests.deploy.manifests import (
+    NAMESPACE,
+    OVERLAYS,
+    POD_NAME,
+    VLLM_LABELS,
+    WORKLOADS,
+    Obj,
+    config_map,
+    containers,
+    environment,
+    events_config,
+    expanded,
+    is_kvsi,
+    one,
+    port_of,
+    rendered,
+    selects,
+)
 
-Obj = dict[str, Any]
-
-OVERLAYS = ("sidecar", "central", "external-redis")
 VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 """The oldest Kubernetes the manifests promise (NetworkPolicy endPort, policy/v1), the newest."""
-POD_NAME = "vllm-7d9c4f-x2x8q"
-NAMESPACE = "llm"
-WORKLOADS = ("Deployment", "StatefulSet")
-
-
-@cache
-def rendered(overlay: str) -> tuple[Obj, ...]:
-    result = subprocess.run(
-        [tool("kubectl"), "kustomize", str(DEPLOY / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
-
-
-def one(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
-    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
-    return found
-
-
-def containers(objs: tuple[Obj, ...]) -> list[tuple[Obj, Obj]]:
-    """(workload, container) for every container of every workload."""
-    return [
-        (w, c)
-        for w in objs
-        if w["kind"] in WORKLOADS
-        for c in w["spec"]["template"]["spec"]["containers"]
-    ]
-
-
-def is_kvsi(container: Obj) -> bool:
-    return str(container["image"]).startswith("kv-session-index")
-
-
-def config_map(objs: tuple[Obj, ...]) -> dict[str, str]:
-    (found,) = [
-        o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("kvsi")
-    ]
-    data: dict[str, str] = found["data"]
-    return data
-
-
-def environment(objs: tuple[Obj, ...], container: Obj) -> dict[str, str]:
-    """The container's variables as the kubelet sets them (downward API: a sample pod)."""
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        env |= config_map(objs) if "configMapRef" in source else {}
-    fields = {"metadata.name": POD_NAME, "metadata.namespace": NAMESPACE}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-        else:
-            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
-    return env
-
-
-def expanded(args: list[str], env: dict[str, str]) -> list[str]:
-    """$(VAR) references as the kubelet expands them; an undefined one fails the test."""
-
-    def value(match: re.Match[str]) -> str:
-        assert match.group(1) in env, f"$({match.group(1)}) is not defined"
-        return env[match.group(1)]
-
-    return [re.sub(r"\$\((\w+)\)", value, arg) for arg in args]
 
 
 def kvsi_settings(
@@ -104,20 +45,6 @@ def kvsi_settings(
     parsed = run_kvsi(expanded(container["args"], env), kvsi_env, monkeypatch)
     assert parsed.settings is not None
     return parsed.settings, container
-
-
-def events_config(objs: tuple[Obj, ...]) -> Obj:
-    (vllm,) = [c for w, c in containers(objs) if c["name"] == "vllm"]
-    config: Obj = json.loads(environment(objs, vllm)["KV_EVENTS_CONFIG"])
-    return config
-
-
-def port_of(endpoint: str) -> int:
-    return int(endpoint.rsplit(":", 1)[1])
-
-
-def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -217,15 +144,20 @@ def test_the_api_replicas_read_the_shared_index_and_ingest_nothing(
     assert settings.store == "redis://kvsi-redis:6379/0?prefix=kvsi"
 
 
-def test_the_sidecar_subscribes_to_its_own_pods_engine_over_loopback(
+def test_the_sidecar_dials_its_own_pods_engine_over_loopback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The strings fit: vLLM binds (tcp://*), the sidecar dials the same ports on the pod's
+    loopback. tests/interop/test_rendered_manifests.py runs both to prove events flow."""
     objs = rendered("sidecar")
     settings, container = kvsi_settings("sidecar", "vllm", monkeypatch)
     assert not settings.api and settings.ingest and settings.metrics_port == 9090
     events = events_config(objs)
     assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
-    assert events["endpoint"].startswith("tcp://127.0.0.1:"), "ZMQ stays inside the pod"
+    for field in ("endpoint", "replay_endpoint"):
+        assert events[field].startswith("tcp://*:"), (
+            f"{field}: vLLM binds only tcp://*:PORT; given a host it connects, as kvsi does"
+        )
     (publisher,) = settings.publishers
     assert publisher.pod == POD_NAME, "the worker is named after the pod (downward API)"
     assert publisher.endpoint == f"tcp://127.0.0.1:{port_of(events['endpoint'])}"
@@ -234,6 +166,49 @@ def test_the_sidecar_subscribes_to_its_own_pods_engine_over_loopback(
     vllm = one(objs, "Deployment", "vllm")["spec"]["template"]
     assert vllm["metadata"]["labels"]["kv-session-index/redis-client"] == "true"
     assert {p["containerPort"] for p in container["ports"]} == {9090}
+
+
+MAX_DP_RANKS = 8
+"""Ranks per pod whose ZMQ ports the checks below cover (vLLM puts rank r at port + r)."""
+
+
+def zmq_ports(objs: tuple[Obj, ...]) -> set[int]:
+    """Every port the engines' publishers and replay sockets bind, rank 0 to MAX_DP_RANKS - 1."""
+    events = events_config(objs)
+    bases = (port_of(events["endpoint"]), port_of(events["replay_endpoint"]))
+    return {base + rank for base in bases for rank in range(MAX_DP_RANKS)}
+
+
+def opened(rule: Obj, port: int) -> bool:
+    """Whether a NetworkPolicy ingress rule admits TCP `port` (a rule without ports: all)."""
+    if "ports" not in rule:
+        return True
+    return any(
+        p.get("protocol", "TCP") == "TCP"
+        and ("port" not in p or p["port"] <= port <= p.get("endPort", p["port"]))
+        for p in rule["ports"]
+    )
+
+
+@pytest.mark.parametrize("overlay", ["sidecar", "external-redis"])
+def test_no_other_pod_reaches_the_engines_wildcard_zmq_ports_in_sidecar_mode(
+    overlay: str,
+) -> None:
+    objs = rendered(overlay)
+    policies = [
+        o
+        for o in objs
+        if o["kind"] == "NetworkPolicy"
+        and selects(o["spec"]["podSelector"]["matchLabels"], VLLM_LABELS)
+    ]
+    assert [p["metadata"]["name"] for p in policies] == ["vllm"], "one policy selects vLLM pods"
+    (policy,) = policies
+    assert "Ingress" in policy["spec"]["policyTypes"], "without it, the policy admits everything"
+    ports = zmq_ports(objs)
+    assert {5557, 5657} <= ports
+    for rule in policy["spec"]["ingress"]:
+        assert not [port for port in sorted(ports) if opened(rule, port)], rule
+    assert any(opened(rule, 8000) for rule in policy["spec"]["ingress"]), "inference stays open"
 
 
 def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(

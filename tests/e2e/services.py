@@ -129,7 +129,11 @@ class Services:
         args = ["serve", "--store", store, "--host", "127.0.0.1", "--port", "0", *extra]
         for pod, endpoint, replay in fleet.endpoints() if fleet is not None else []:
             args += ["--pod", f"{pod}={endpoint}", "--replay", f"{pod}={replay}"]
-        service = Service(name, args, {"KVSI_LOG_FORMAT": "json"} | (env or {}), self.workdir)
+        return self.command(name, args, {"KVSI_LOG_FORMAT": "json"} | (env or {}))
+
+    def command(self, name: str, args: list[str], env: dict[str, str]) -> Service:
+        """`kvsi ARGS` exactly as given (a shipped command line), `env` over this process's."""
+        service = Service(name, args, env, self.workdir)
         self.started.append(service)
         return service
 

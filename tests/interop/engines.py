@@ -19,10 +19,12 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="vLLM is not installed (make interop)")
 
 import torch
+from vllm.config.kv_events import KVEventsConfig
 from vllm.distributed.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    EventPublisherFactory,
     KVCacheEvent,
     KVEventBatch,
     ZmqEventPublisher,
@@ -71,6 +73,26 @@ def topic(pod: str) -> str:
     return f"kv@{pod}@{MODEL}"
 
 
+def kv_events_config(pod: str, pub_port: int, replay_port: int) -> KVEventsConfig:
+    """`--kv-events-config` as this project's deployments set it: vLLM binds both sockets on
+    every interface (it binds only `tcp://*:PORT`, `ipc://` and `inproc://`; any other tcp
+    endpoint it connects to), and publishes on the pod's topic."""
+    return KVEventsConfig(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint=f"tcp://*:{pub_port}",
+        replay_endpoint=f"tcp://*:{replay_port}",
+        topic=topic(pod),
+    )
+
+
+def dialled(endpoint: str, dp_rank: int) -> str:
+    """Where a subscriber on this host reaches DP rank `dp_rank` of a tcp `endpoint` of vLLM's
+    config: the rank's port, on loopback for a wildcard host."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    return f"tcp://{'127.0.0.1' if host == '*' else host}:{int(port) + dp_rank}"
+
+
 def kv_cache_config(num_blocks: int) -> KVCacheConfig:
     """One full-attention group of `num_blocks` blocks: a model with one kind of attention."""
     spec = FullAttentionSpec(
@@ -108,20 +130,20 @@ class VllmWorker:
     Each `step()` decodes one token of every running request, prefills waiting ones (up to
     `max_running` at once, which keeps every allocation within the pool), frees the finished
     ones and publishes the step's KV events as one batch, as `Scheduler.update_from_output`
-    does. vLLM's publisher adds the port offset of the DP rank itself, like `vllm serve`.
+    does. vLLM's publisher adds the port offset of the DP rank itself, like `vllm serve`;
+    `endpoint` and `replay_endpoint` are where a subscriber on this host reaches them.
     """
 
     def __init__(
         self,
         pod: str,
+        kv_events: KVEventsConfig,
         *,
         dp_rank: int = 0,
-        pub_port: int,
-        replay_port: int,
         num_blocks: int,
         max_running: int = 2,
     ) -> None:
-        """`pub_port` and `replay_port` are the pod's (rank 0's) ports, as in vLLM's config."""
+        """`kv_events` is the engine's `--kv-events-config` (the pod's, rank 0's ports)."""
         init_none_hash(sha256)  # EngineCore does this once at start; idempotent
         self.pod = pod
         self.dp_rank = dp_rank
@@ -134,15 +156,14 @@ class VllmWorker:
             enable_caching=True,
             enable_kv_cache_events=True,
         )
-        wait_bindable(pub_port + dp_rank, replay_port + dp_rank)
-        self.publisher = ZmqEventPublisher(
-            dp_rank,
-            endpoint=f"tcp://*:{pub_port}",
-            replay_endpoint=f"tcp://*:{replay_port}",
-            topic=topic(pod),
-        )
-        self.endpoint = f"tcp://127.0.0.1:{pub_port + dp_rank}"
-        self.replay_endpoint = f"tcp://127.0.0.1:{replay_port + dp_rank}"
+        assert kv_events.replay_endpoint is not None, "every deployment here has a replay"
+        self.endpoint = dialled(kv_events.endpoint, dp_rank)
+        self.replay_endpoint = dialled(kv_events.replay_endpoint, dp_rank)
+        wait_bindable(*(int(e.rsplit(":", 1)[1]) for e in (self.endpoint, self.replay_endpoint)))
+        # As vLLM's Scheduler builds it: the factory offsets both ports by the DP rank.
+        publisher = EventPublisherFactory.create(kv_events, dp_rank)
+        assert isinstance(publisher, ZmqEventPublisher), f"{kv_events} publishes nothing"
+        self.publisher = publisher
         self.batches = 0
         """Batches published: the last seq the publisher sent is `batches - 1`."""
         self.published: list[KVCacheEvent] = []

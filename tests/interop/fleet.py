@@ -11,7 +11,7 @@ from collections import deque
 from types import TracebackType
 
 from simulator.workload import AgenticWorkload, Request
-from tests.interop.engines import Turn, VllmWorker
+from tests.interop.engines import Turn, VllmWorker, kv_events_config
 from tests.ports import free_port_run
 
 WorkerKey = tuple[str, int]
@@ -123,11 +123,7 @@ class VllmFleet:
     def _worker(self, pod: str, rank: int) -> VllmWorker:
         pub, replay = self._ports[pod]
         return VllmWorker(
-            pod,
-            dp_rank=rank,
-            pub_port=pub,
-            replay_port=replay,
-            num_blocks=self._num_blocks,
+            pod, kv_events_config(pod, pub, replay), dp_rank=rank, num_blocks=self._num_blocks
         )
 
     def _pull(self, count: int) -> None:

@@ -22,7 +22,7 @@ import zmq.asyncio
 from simulator.engine import SimulatedEngine
 from simulator.publisher import SimulatedPublisher
 from subscriber.wire import END_SEQ
-from tests.interop.engines import BLOCK_SIZE, MODEL, Turn, VllmWorker
+from tests.interop.engines import BLOCK_SIZE, MODEL, Turn, VllmWorker, kv_events_config
 from tests.ports import free_port_run
 from tests.simulator.peers import RECV_TIMEOUT, nothing_within, recv, replay, replay_request
 
@@ -79,7 +79,7 @@ async def test_the_simulator_sends_vllms_frames_for_the_same_requests(
 ) -> None:
     steps = agent_steps()
     ports = free_port_run(2)
-    worker = VllmWorker(POD, pub_port=ports, replay_port=ports + 1, num_blocks=POOL + 1)
+    worker = VllmWorker(POD, kv_events_config(POD, ports, ports + 1), num_blocks=POOL + 1)
     try:
         vllm_live, vllm_replay = await capture(
             ctx, worker.endpoint, worker.replay_endpoint, lambda: run_vllm(worker, steps)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.truth import listing
 from tests.interop.conftest import StartSidecar
-from tests.interop.engines import BLOCK_SIZE, Turn, VllmWorker
+from tests.interop.engines import BLOCK_SIZE, Turn, VllmWorker, kv_events_config
 from tests.interop.truth import caught_up, mismatches
 from tests.ports import free_port_run
 from tests.waiting import eventually
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.interop
 def worker() -> Iterator[VllmWorker]:
     """One worker with 7 usable blocks (block 0 is vLLM's null block)."""
     port = free_port_run(2)
-    worker = VllmWorker("pod-a", pub_port=port, replay_port=port + 1, num_blocks=8)
+    worker = VllmWorker("pod-a", kv_events_config("pod-a", port, port + 1), num_blocks=8)
     try:
         yield worker
     finally:
