@@ -61,7 +61,7 @@ class DiscoveryConfig(BaseModel):
     """Namespace to watch; None: the client's default (in a cluster, the pod's own)."""
     events_port: int = Field(default=5557, ge=1, le=65535)
     """Port of data-parallel rank 0's PUB socket; rank r publishes on events_port + r."""
-    replay_port: int | None = Field(default=5558, ge=1, le=65535)
+    replay_port: int | None = Field(default=5657, ge=1, le=65535)
     """Port of rank 0's replay ROUTER (rank r: replay_port + r); None: no replay. vLLM
     offsets both ports by the rank, so with data parallelism keep them dp_size apart."""
     dp_size: int = Field(default=1, ge=1, le=256)

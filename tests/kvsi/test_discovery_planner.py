@@ -64,7 +64,7 @@ def test_a_bad_annotation_is_rejected_and_the_planner_skips_the_pod() -> None:
 def test_pod_added_starts_deleted_stops_at_once_and_forgets_after_grace() -> None:
     planner = FleetPlanner(CONFIG)
     changes = planner.observe(PodEvent("ADDED", running("vllm-a")), now=0.0)
-    assert started(changes) == [("vllm-a", 0, "tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558")]
+    assert started(changes) == [("vllm-a", 0, "tcp://10.0.0.5:5557", "tcp://10.0.0.5:5657")]
     assert planner.observe(PodEvent("MODIFIED", running("vllm-a")), now=1.0) == Changes()
 
     gone = planner.observe(PodEvent("DELETED", running("vllm-a")), now=10.0)
@@ -81,7 +81,7 @@ def test_a_pod_back_within_grace_is_not_forgotten() -> None:
     planner.observe(PodEvent("ADDED", running("vllm-0")), now=0.0)
     planner.observe(PodEvent("MODIFIED", PodInfo("vllm-0", "10.0.0.5", running=False)), now=5.0)
     back = planner.observe(PodEvent("MODIFIED", running("vllm-0", ip="10.0.0.6")), now=20.0)
-    assert started(back) == [("vllm-0", 0, "tcp://10.0.0.6:5557", "tcp://10.0.0.6:5558")]
+    assert started(back) == [("vllm-0", 0, "tcp://10.0.0.6:5557", "tcp://10.0.0.6:5657")]
     assert planner.expire(1000.0) == Changes()
 
 
@@ -90,7 +90,7 @@ def test_a_new_ip_under_the_same_name_restarts_the_stream_without_forgetting() -
     planner.observe(PodEvent("ADDED", running("vllm-0", ip="10.0.0.5")), now=0.0)
     moved = planner.observe(PodEvent("MODIFIED", running("vllm-0", ip="10.0.0.8")), now=1.0)
     assert moved.stop == (WorkerKey("vllm-0", 0),)
-    assert started(moved) == [("vllm-0", 0, "tcp://10.0.0.8:5557", "tcp://10.0.0.8:5558")]
+    assert started(moved) == [("vllm-0", 0, "tcp://10.0.0.8:5557", "tcp://10.0.0.8:5657")]
     assert planner.gone == {}
 
 
@@ -129,7 +129,7 @@ def test_a_recorded_watch_stream_gives_the_expected_worker_changes() -> None:
     a, b = "vllm-7d9c-abcde", "vllm-7d9c-fghij"
     assert seen == [
         Changes(),
-        Changes(start=(PublisherSpec(a, "tcp://10.244.1.17:5557", "tcp://10.244.1.17:5558"),)),
+        Changes(start=(PublisherSpec(a, "tcp://10.244.1.17:5557", "tcp://10.244.1.17:5657"),)),
         Changes(
             start=(
                 PublisherSpec(b, "tcp://10.244.2.9:5557", "tcp://10.244.2.9:5657", 0),
