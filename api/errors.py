@@ -45,8 +45,6 @@ def body_too_large(limit: int) -> str:
 def _describe(err: Mapping[str, Any]) -> str:
     kind = str(err.get("type", ""))
     loc = list(err.get("loc", ()))
-    if kind == "extra_forbidden" and loc:  # a model without KnownNames: name the field
-        return f"{_where(loc[:-1])}: unknown field {str(loc[-1])!r}"
     if kind == "json_invalid":
         detail = err.get("ctx", {}).get("error", "")
         at = f" at character {loc[1]}" if len(loc) > 1 else ""
