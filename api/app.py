@@ -16,10 +16,12 @@ import structlog
 from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
+from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.errors import install_error_handlers
 from api.hints import HintOptions
 from api.reader import IndexReader
@@ -35,6 +37,10 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 STATIC = Path(__file__).parent / "static"
 """The dashboard's files, shipped inside the package (no front-end build step)."""
+
+LOGGED_TEXT = 256
+"""Longest path or id a request's log line carries; longer ones are cut (their length
+said), so a client cannot make one request write kilobytes of log."""
 
 DESCRIPTION = """\
 Per-session index of vLLM KV-cache blocks, built from vLLM's KV events.
@@ -54,8 +60,10 @@ left?" for cache-aware routers and for the people who operate them.
 - **Access**: when the service is configured with bearer tokens, every `/v1` endpoint needs
   `Authorization: Bearer <token>` (401 without or with a wrong one). `/healthz`, `/readyz`
   and (unless configured otherwise) `/metrics` stay open.
-- **Errors** are `{"detail": "..."}`: 400 for any bad parameter (cursor included), 404 for an
-  unknown session or pod, 503 when the index store is unavailable.
+- **Errors** are `{"detail": "..."}`: 400 for any bad parameter or body (cursor included),
+  404 for an unknown session or pod, 413 for a body over the configured limit, 503 when the
+  index store is unavailable.
+- **Bodies** are read as JSON whatever their `Content-Type` says (`curl -d` works as is).
 """
 
 
@@ -77,6 +85,7 @@ def create_app(
     tokens: Sequence[str] = (),
     metrics_require_token: bool = False,
     hint_options: HintOptions | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The REST app over `store`, which the caller opens before and closes after.
 
@@ -86,9 +95,11 @@ def create_app(
     reverse proxy that serves the app under a prefix. `tokens`: bearer tokens every `/v1`
     endpoint requires (none: open); the probes stay open, `/metrics` too unless
     `metrics_require_token`. `hint_options`: how session hints name llm-d endpoints
-    (default: namespace `default`, `<pod>-rank-<rank>`).
+    (default: namespace `default`, `<pod>-rank-<rank>`). A request body over
+    `max_body_bytes` is a 413, refused before it is read whole. Swagger UI (`/docs`) is
+    served from the package's own files (fastapi-offline), not a CDN.
     """
-    app = FastAPI(
+    app = FastAPIOffline(
         title=title,
         version=version or _default_version(),
         description=DESCRIPTION,
@@ -103,6 +114,7 @@ def create_app(
     app.state.token_check = TokenCheck(tokens)
     app.state.hint_options = hint_options or HintOptions()
     install_error_handlers(app)
+    app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
     app.add_middleware(RequestMetrics)
     # Documented in OpenAPI only where enforced, so the schema tells clients the truth.
     protected = [Depends(require_token)] if tokens else []
@@ -152,7 +164,9 @@ def create_probe_app(
 class RequestMetrics:
     """Counts, times and logs every HTTP request by route template, never by raw path (one
     series per session id would swamp Prometheus); the log line carries the session and pod
-    the path names, so a shipper can follow one session's queries."""
+    the path names, so a shipper can follow one session's queries. Paths and ids are cut to
+    `LOGGED_TEXT` characters (an id longer than that is left to the cut path, not logged
+    twice); kvsi.logs escapes control characters."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -204,11 +218,22 @@ class RequestMetrics:
                 "http.request",
                 method=scope["method"],
                 route=route_name,
-                path=scope["path"],
+                path=_cut(scope["path"]),
                 status=status,
                 duration_ms=round(elapsed * 1000, 3),
-                **{k: params[k] for k in ("session_id", "pod") if k in params},
+                **{
+                    k: params[k]
+                    for k in ("session_id", "pod")
+                    if k in params and len(params[k]) <= LOGGED_TEXT
+                },
             )
+
+
+def _cut(text: str) -> str:
+    """`text`, or its first `LOGGED_TEXT` characters and how long it was."""
+    if len(text) <= LOGGED_TEXT:
+        return text
+    return f"{text[:LOGGED_TEXT]}... ({len(text)} characters)"
 
 
 def _route(scope: Scope) -> str:

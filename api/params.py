@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Annotated, Any
+from functools import cache
+from typing import Annotated, Any, ClassVar
 
 from fastapi import HTTPException, Path, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from store.paging import SessionOrder
 
@@ -41,6 +42,14 @@ RULES: dict[str, str] = {
     "(A-Z first, then up to 31 of A-Z, 0-9, '_')",
 }
 """Human text for a pattern mismatch, by parameter name (a regex alone is a poor error)."""
+
+PATTERN_RULES: dict[str, str] = {
+    SESSION_ID_PATTERN: RULES["session_id"],
+    POD_PATTERN: RULES["pod"],
+    MEDIUM_PATTERN: RULES["medium"],
+}
+"""The same text by pattern, for a value checked by one of them under another name (a
+`/v1/watch` filter, a `/v1/route` weight's medium)."""
 
 SessionId = Annotated[
     str,
@@ -88,26 +97,55 @@ def _cursor() -> Any:
     )
 
 
-class QueryParams(BaseModel):
-    """Query parameters of one endpoint; a name it does not know is an error, not ignored.
+@cache
+def _accepted_names(model: type[BaseModel]) -> frozenset[str]:
+    """A model's field names and the other names (validation aliases) its fields answer to."""
+    names: set[str] = set(model.model_fields)
+    for info in model.model_fields.values():
+        alias = info.validation_alias
+        if isinstance(alias, str):
+            names.add(alias)
+        elif isinstance(alias, AliasChoices):
+            names.update(choice for choice in alias.choices if isinstance(choice, str))
+    return frozenset(names)
 
-    A silently ignored typo (`?pods=vllm-0`) would return unfiltered results that a router
-    takes for filtered ones.
+
+class KnownNames(BaseModel):
+    """A model whose inputs are names it defines: any other is an error listing the allowed
+    ones, instead of pydantic's "Extra inputs are not permitted" (which names no alternative)
+    or of being ignored.
+
+    A silently ignored typo (`?pods=vllm-0`, `"hashing": {"seed": ...}`) would answer for
+    a request other than the one meant: unfiltered results a router takes for filtered ones.
     """
 
     model_config = ConfigDict(extra="forbid")
+    unknown_name: ClassVar[str] = "field"
+    """What an input of this model is called in an error ("unknown field 'x'")."""
 
     @model_validator(mode="before")
     @classmethod
     def _known_names_only(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
-            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            accepted = _accepted_names(cls)
+            unknown = sorted(str(k) for k in data if k not in accepted)
             if unknown:
                 allowed = ", ".join(sorted(cls.model_fields))
                 raise ValueError(
-                    f"unknown query parameter {', '.join(map(repr, unknown))}; allowed: {allowed}"
+                    f"unknown {cls.unknown_name} {', '.join(map(repr, unknown))}; "
+                    f"allowed: {allowed}"
                 )
         return data
+
+
+class QueryParams(KnownNames):
+    """Query parameters of one endpoint; a name it does not know is an error, not ignored."""
+
+    unknown_name: ClassVar[str] = "query parameter"
+
+
+class BodyModel(KnownNames):
+    """A JSON request body, or an object inside one; an unknown field is an error."""
 
 
 async def once_each(request: Request) -> None:

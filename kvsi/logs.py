@@ -7,8 +7,29 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
+
+_PLAIN_KEYS = frozenset({"exception", "stack"})
+"""Rendered tracebacks: multi-line by design, and written by this process, not a client."""
+
+
+def escape_control_characters(
+    logger: Any, method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Write each string value's control characters (NUL, newline, ESC...) as escapes.
+
+    A value a client chose (a path, an id) may hold any of them once percent-decoded: raw,
+    a NUL or ESC reaches the terminal or the shipper, and a newline forges a log line.
+    """
+    for key, value in event.items():
+        if isinstance(value, str) and not value.isprintable() and key not in _PLAIN_KEYS:
+            event[key] = "".join(
+                c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in value
+            )
+    return event
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -25,6 +46,7 @@ def configure_logging(level: str, fmt: str) -> None:
     )
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
+        escape_control_characters,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]

@@ -208,6 +208,7 @@ def _api_app(settings: Settings, store: IndexStore, pool: StreamPool | None) -> 
         tokens=bearer_tokens(settings),
         metrics_require_token=settings.metrics_require_token,
         hint_options=hint_options(settings),
+        max_body_bytes=settings.max_body_bytes,
     )
     if settings.dynamo_api:
         app.mount(settings.dynamo.prefix, dynamo_app(settings, store))
@@ -235,7 +236,9 @@ def dynamo_app(settings: Settings, store: IndexStore) -> FastAPI:
         lora_paths=config.lora_paths,
         dump_limit=config.dump_limit,
     )
-    return create_dynamo_app(store, options, tokens=bearer_tokens(settings))
+    return create_dynamo_app(
+        store, options, tokens=bearer_tokens(settings), max_body_bytes=settings.max_body_bytes
+    )
 
 
 async def _serve_api(

@@ -169,6 +169,11 @@ class Settings(BaseSettings):
     `api_tokens`; re-read at start only. It must exist when the service starts."""
     metrics_require_token: bool = False
     """Also require a bearer token on /metrics (the probes always stay open)."""
+    max_body_bytes: int = Field(default=12 * 1024 * 1024, ge=1024)
+    """Largest request body the APIs (REST and Dynamo) take, in bytes; a larger one is a 413,
+    refused before it is read whole. The default is above the largest legal request: the
+    Dynamo API's `/query` with 1,048,576 token ids of 10 digits (11.5 MB); `/v1/route`'s
+    largest, 262,144 token ids, is under 3.2 MB."""
     ingest: bool = True
     """Subscribe to publishers (off for an API-only replica)."""
     discovery: DiscoveryConfig | None = None

@@ -100,7 +100,8 @@ class Overflow(Exception):
 
 
 class HistoryGone(Exception):
-    """`after` is older than the bounded history: the client must re-read the index."""
+    """`after` is not in the bounded history (older than it, or ahead of it): the client
+    must re-read the index."""
 
 
 def entry_id(record_id: str, index: int) -> str:
@@ -220,4 +221,33 @@ class FeedHub:
                 yield rid, record, index + 1
                 yield from ((r, rec, 0) for r, rec in history[i + 1 :])
                 return
-        raise HistoryGone(f"event id {after!r} is older than the last {len(history)} records")
+        raise HistoryGone(_not_in_history(after, record_id, [rid for rid, _ in history]))
+
+
+def _not_in_history(after: str, record_id: str, history: list[str]) -> str:
+    """Why a resume point is not in the history: older than it, or ahead of it (an id from
+    before a restart of this feed, or from another feed), said as such."""
+    if not history:
+        return f"event id {after!r} is not in this feed, which holds no event yet"
+    asked = _position(record_id)
+    if asked is not None:
+        stream, place = asked
+        held = [p[1] for p in map(_position, history) if p is not None and p[0] == stream]
+        if held and place > max(held):
+            return (
+                f"event id {after!r} is ahead of this feed (newest record {history[-1]!r}): "
+                "it comes from before a restart of the feed, or from another feed"
+            )
+        if held and place < min(held):
+            return f"event id {after!r} is older than the last {len(history)} records"
+    return f"event id {after!r} is not in this feed's last {len(history)} records"
+
+
+def _position(record_id: str) -> tuple[str, tuple[int, ...]] | None:
+    """(stream, place in it) of a record id: `12` (this process's counter) or
+    `pod/0@1700000000000-3` (a worker's Redis Stream entry); None for any other text."""
+    stream, _, place = record_id.rpartition("@")
+    parts = place.split("-")
+    if not all(part.isdigit() for part in parts):
+        return None
+    return stream, tuple(int(part) for part in parts)

@@ -13,10 +13,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 import hashing
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
+from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.dynamo import routes
 from api.dynamo.registry import RegistryDoor
 from api.dynamo.routes import DynamoOptions
@@ -33,17 +35,23 @@ engines publish (vLLM's), as signed 64-bit ints. Errors are `{"error": "..."}`.
 
 
 def create_dynamo_app(
-    store: IndexStore, options: DynamoOptions | None = None, *, tokens: Sequence[str] = ()
+    store: IndexStore,
+    options: DynamoOptions | None = None,
+    *,
+    tokens: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The Dynamo API over `store` (opened and closed by the caller).
 
     Checks the hashing options at once (an unknown algorithm, xxhash without its package
     or without a seed), so a misconfiguration stops the service at start, not a query.
-    `tokens`: bearer tokens every endpoint but `/health` requires (none: open).
+    `tokens`: bearer tokens every endpoint but `/health` requires (none: open). A body over
+    `max_body_bytes` is a 413, refused before it is read whole; bodies are JSON whatever
+    their Content-Type says. Swagger UI's files are the package's own (fastapi-offline).
     """
     options = options or DynamoOptions()
     hashing.BlockHasher(algorithm=options.hash_algorithm, hash_seed=options.hash_seed)
-    app = FastAPI(
+    app = FastAPIOffline(
         title="kv-session-index: Dynamo KV indexer API",
         description=DESCRIPTION,
         docs_url="/docs",
@@ -54,6 +62,7 @@ def create_dynamo_app(
     app.state.token_check = TokenCheck(tokens)
     app.add_exception_handler(RequestValidationError, _bad_input)
     app.add_exception_handler(HTTPException, _refused)
+    app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
     protected = [Depends(require_token)] if tokens else []
     app.include_router(
         routes.router, dependencies=protected, responses=UNAUTHORIZED if tokens else {}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import AliasChoices, BaseModel, Field, Strict, field_validator
 
-from api.params import POD_PATTERN, QueryParams
+from api.params import POD_PATTERN, BodyModel, QueryParams
 
 DEFAULT_ROUTING_GROUP = "default"
 
@@ -37,10 +37,8 @@ RoutingGroup = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 _IGNORED = "Accepted for compatibility and ignored, as Dynamo does."
 
 
-class _Body(BaseModel):
+class _Body(BodyModel):
     """A request body: a field Dynamo does not define is an error, not silently dropped."""
-
-    model_config = ConfigDict(extra="forbid")
 
     tenant_id: str | None = Field(default=None, max_length=MAX_NAME, description=_IGNORED)
 

@@ -11,12 +11,12 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, Strict, field_validator, model_validator
 
 import hashing
 from api.dynamo.headers import routing_headers
 from api.hints import Hint, HintFormat, HintOptions, route_hint
-from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN
+from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN, BodyModel
 from api.ranking import Evidence, Weights, rank
 from api.reader import get_reader
 from api.schemas import ErrorResponse, json_response
@@ -51,14 +51,18 @@ is ranked on what the index holds; its state says the numbers are not exact.
 
 
 Medium = Annotated[str, Field(pattern=MEDIUM_PATTERN)]
-Weight = Annotated[float, Field(ge=0, le=1000)]
+Weight = Annotated[float, Strict(), Field(ge=0, le=1000)]
+TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
+"""Strict numbers: `true` or `"5"` is a client bug, not token 1 or 5."""
 _POD = re.compile(POD_PATTERN)
 
 
-class Hashing(BaseModel):
+class Hashing(BodyModel):
     """How the engine hashes prompts (must match its vLLM configuration)."""
 
-    block_size: int = Field(default=16, ge=1, le=4096, description="The engine's hash block size.")
+    block_size: int = Field(
+        default=16, strict=True, ge=1, le=4096, description="The engine's hash block size."
+    )
     algorithm: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = Field(
         default="sha256", description="--prefix-caching-hash-algo."
     )
@@ -72,10 +76,8 @@ class Hashing(BaseModel):
     cache_salt: str | None = Field(default=None, max_length=1024)
 
 
-class RouteRequest(BaseModel):
+class RouteRequest(BodyModel):
     """What a router knows about the next request."""
-
-    model_config = {"extra": "forbid"}
 
     session_id: str | None = Field(
         default=None, min_length=1, max_length=256, pattern=SESSION_ID_PATTERN
@@ -85,7 +87,7 @@ class RouteRequest(BaseModel):
         max_length=MAX_PROMPT_BLOCKS,
         description="The prompt's block hashes as the engine publishes them (decimal or 0x-hex).",
     )
-    token_ids: list[Annotated[int, Field(ge=0, lt=2**32)]] | None = Field(
+    token_ids: list[TokenId] | None = Field(
         default=None,
         max_length=MAX_TOKENS,
         description="The prompt's token ids, hashed like vLLM 0.33.",
@@ -98,7 +100,11 @@ class RouteRequest(BaseModel):
         "worker that is not disconnected.",
     )
     limit: int = Field(
-        default=10, ge=1, le=MAX_CANDIDATES, description="Return the best `limit` workers."
+        default=10,
+        strict=True,
+        ge=1,
+        le=MAX_CANDIDATES,
+        description="Return the best `limit` workers.",
     )
     weights: dict[Medium, Weight] | None = Field(
         default=None,

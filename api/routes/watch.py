@@ -14,9 +14,9 @@ from typing import Annotated
 import msgspec
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from api.params import POD_PATTERN, SESSION_ID_PATTERN
+from api.params import POD_PATTERN, SESSION_ID_PATTERN, QueryParams
 from api.reader import IndexReader, get_reader
 from api.schemas import ErrorResponse
 from store.feed import FeedHub, HistoryGone, Overflow, Subscription
@@ -35,10 +35,8 @@ SessionFilter = Annotated[str, Field(min_length=1, max_length=256, pattern=SESSI
 PodFilter = Annotated[str, Field(min_length=1, max_length=253, pattern=POD_PATTERN)]
 
 
-class WatchQuery(BaseModel):
+class WatchQuery(QueryParams):
     """Filters: only these sessions, only these pods (each repeatable; none: everything)."""
-
-    model_config = {"extra": "forbid"}
 
     session: list[SessionFilter] = Field(
         default=[], max_length=MAX_FILTER, description="Session ids to watch (repeatable)."

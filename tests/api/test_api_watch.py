@@ -138,6 +138,21 @@ async def test_a_stale_resume_point_gets_reset_then_live_events(served: Served) 
     assert live["event"] == "residency"
 
 
+async def test_a_resume_point_ahead_of_the_feed_is_reset_as_ahead_not_old(
+    served: Served,
+) -> None:
+    await served.store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    async with (
+        httpx.AsyncClient(base_url=served.base) as client,
+        client.stream("GET", "/v1/watch", headers={"Last-Event-ID": "999.0"}) as r,
+    ):
+        (reset,) = await Events(r).next(1)
+
+    assert reset["event"] == "reset"
+    assert "'999.0' is ahead of this feed" in reset["data"]["detail"]
+    assert "older" not in reset["data"]["detail"]
+
+
 async def test_a_client_that_does_not_read_overflows_and_ingest_goes_on(served: Served) -> None:
     store = served.store
     async with (

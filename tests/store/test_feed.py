@@ -82,6 +82,51 @@ async def test_resume_after_an_id_filters_and_history_bounds() -> None:
         hub.subscribe(after="garbage")
 
 
+@pytest.mark.parametrize(
+    ("after", "says", "never"),
+    [
+        ("1.0", "is older than the last 3 records", "ahead"),
+        ("9.0", "is ahead of this feed (newest record '5')", "older"),
+        ("garbage", "is not one of this feed's ids", "older"),
+    ],
+)
+def test_a_resume_point_not_in_the_history_says_whether_it_is_old_or_ahead(
+    after: str, says: str, never: str
+) -> None:
+    hub = FeedHub(history=3)
+    for i in range(5):
+        hub.publish(FeedRecord("pod-a", 0, float(i), (("s", 1, 0, i + 1),)))
+
+    with pytest.raises(HistoryGone) as gone:
+        hub.subscribe(after=after)
+
+    assert says in str(gone.value) and never not in str(gone.value)
+
+
+def test_a_resume_point_ahead_of_a_redis_stream_is_ahead() -> None:
+    hub = FeedHub(history=3)
+    for i in (5, 6):
+        hub.deliver(f"pod-a/0@1700000000000-{i}", FeedRecord("pod-a", 0, 1.0))
+
+    with pytest.raises(HistoryGone) as ahead:
+        hub.subscribe(after="pod-a/0@1700000000001-0.0")
+    with pytest.raises(HistoryGone) as older:
+        hub.subscribe(after="pod-a/0@1700000000000-1.0")
+    with pytest.raises(HistoryGone) as elsewhere:
+        hub.subscribe(after="pod-b/0@1700000000000-1.0")
+
+    assert "is ahead of this feed" in str(ahead.value)
+    assert "is older than the last 2 records" in str(older.value)
+    assert "is not in this feed's last 2 records" in str(elsewhere.value)
+
+
+def test_a_resume_point_on_an_empty_feed_is_not_called_old() -> None:
+    with pytest.raises(HistoryGone) as gone:
+        FeedHub().subscribe(after="7.0")
+
+    assert "holds no event yet" in str(gone.value) and "older" not in str(gone.value)
+
+
 async def test_a_slow_subscriber_overflows_and_never_blocks_the_writer() -> None:
     hub = FeedHub(queue_size=4)
     slow = hub.subscribe(after=None)
