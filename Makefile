@@ -35,6 +35,22 @@ deploy-check: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python bench/ingest_memory.py
 
+# The ingest benches against their peer, Dynamo (the `peers` extra), in a virtualenv of its
+# own inside .venv so the main one stays light.
+PEERS_VENV ?= $(VENV)/peers
+PEERS_BIN := $(PEERS_VENV)/bin
+
+$(PEERS_BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_BIN)/pip install --quiet --upgrade pip
+	$(PEERS_BIN)/pip install --quiet -e ".[peers]"
+	touch $@
+
+.PHONY: bench-peers
+bench-peers: $(PEERS_BIN)/.installed
+	$(PEERS_BIN)/python bench/ingest_memory.py
+	$(PEERS_BIN)/python bench/ingest_e2e.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 

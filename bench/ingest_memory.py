@@ -1,18 +1,23 @@
-"""How fast does ingest (decode + apply) run into the memory store, against decode alone?
+"""How fast does ingest (decode + apply) run into the memory store, against decode alone and
+against Dynamo's RadixTree?
 
 Run: `.venv/bin/python bench/ingest_memory.py` (see bench/README.md). Prints medians of
-several runs and the ratio ingest/decode-only, measured in the same run on the same payloads.
+several runs and the ratios ingest/decode-only and ingest/RadixTree, measured in the same run
+on the same payloads, on one core. Without ai-dynamo-runtime (the `peers` extra) it says so
+and measures kvsi alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from types import ModuleType
 
 import msgspec
+from peers import dynamo_llm, missing_line, peer_version, radix_events, time_radix_tree
 
 from simulator.engine import SimulatedEngine
 from simulator.workload import AgenticWorkload
@@ -28,8 +33,12 @@ def _encode(events: list[wire.KVCacheEvent], ts: float) -> bytes:
     return ENCODER.encode(wire.KVEventBatch(ts=ts, events=events, data_parallel_rank=0))
 
 
-def small_events(batches: int, seed: int) -> list[bytes]:
-    """DESIGN.md's shape: 16 stores of 4 blocks per batch, evictions at 50k resident."""
+def small_events(batches: int, seed: int, *, rooted: bool = False) -> list[bytes]:
+    """DESIGN.md's shape: 16 stores of 4 blocks per batch, evictions at 50k resident.
+
+    Each store names a random parent, or none if `rooted` (the same hashes either way): a
+    peer that drops a store whose parent it does not hold then indexes every block too.
+    """
     rng = random.Random(seed)
     sessions = [f"sess-{i}" for i in range(2000)]
     resident: list[int] = []
@@ -39,10 +48,11 @@ def small_events(batches: int, seed: int) -> list[bytes]:
         for _ in range(16):
             hashes = [rng.getrandbits(64) for _ in range(4)]
             resident.extend(hashes)
+            parent = rng.getrandbits(64)
             events.append(
                 wire.BlockStored(
                     block_hashes=list(hashes),
-                    parent_block_hash=rng.getrandbits(64),
+                    parent_block_hash=None if rooted else parent,
                     token_ids=[rng.randrange(32000) for _ in range(64)],
                     block_size=16,
                     lora_id=None,
@@ -105,10 +115,49 @@ def time_ingest(payloads: list[bytes]) -> float:
     return time.perf_counter() - started
 
 
-def median_rate(
-    fn: Callable[[list[bytes]], float], payloads: list[bytes], n: int, runs: int
-) -> float:
-    return statistics.median(n / fn(payloads) for _ in range(runs))
+def pin_to_one_core(cpu: int | None) -> str:
+    """Pin this thread (and the threads it starts later: the tree's) to one core."""
+    if cpu is None:
+        return "not pinned"
+    os.sched_setaffinity(0, {cpu})
+    return f"pinned to CPU {cpu}"
+
+
+def measure(
+    name: str, payloads: list[bytes], runs: int, llm: ModuleType | None
+) -> dict[str, float | int | str]:
+    """Medians of `runs` rounds, each timing decode-only, kvsi ingest and the tree in turn."""
+    n = block_events(payloads)
+    row: dict[str, float | int | str] = {"workload": name, "block_events": n}
+    tree_events = None
+    if llm is not None:
+        translated = radix_events(payloads, llm.compute_block_hash_for_seq)
+        tree_events = translated.events
+        row |= {"rerooted": translated.rerooted, "dropped": translated.removes_dropped}
+    decode, ingest, tree, errors = [], [], [], 0
+    for _ in range(runs):
+        decode.append(n / time_decode_only(payloads))
+        ingest.append(n / time_ingest(payloads))
+        if llm is not None and tree_events is not None:
+            run = time_radix_tree(llm, tree_events)
+            tree.append(n / run.seconds)
+            errors += run.errors
+    row |= {"decode": statistics.median(decode), "ingest": statistics.median(ingest)}
+    if tree:
+        row |= {"tree": statistics.median(tree), "tree_errors": errors}
+    return row
+
+
+def print_row(row: dict[str, float | int | str]) -> None:
+    decode, ingest = float(row["decode"]), float(row["ingest"])
+    line = (
+        f"{row['workload']:<10} {row['block_events']:>12,} {decode:>14,.0f} {ingest:>12,.0f}"
+        f" {ingest / decode:>6.2f}"
+    )
+    if "tree" in row:
+        tree = float(row["tree"])
+        line += f" {tree:>12,.0f} {ingest / tree:>10.2f}"
+    print(line, flush=True)
 
 
 def main() -> None:
@@ -116,17 +165,38 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--cpu", type=int, default=min(os.sched_getaffinity(0)),
+        help="the core everything runs on (the tree's thread too); -1: not pinned",
+    )  # fmt: skip
     args = parser.parse_args()
-    print(
-        f"{'workload':<10} {'block-events':>12} {'decode-only/s':>14} {'ingest/s':>12} {'ratio':>6}"
-    )
+    pinned = pin_to_one_core(None if args.cpu < 0 else args.cpu)
+    llm = dynamo_llm()
+    print(f"{pinned}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if llm is None:
+        print(missing_line("Dynamo's RadixTree"))
+    else:
+        print(f"peer: {peer_version()}, RadixTree.apply_event (JSON KvCacheEvent per event)")
+    header = f"{'workload':<10} {'block-events':>12} {'decode-only/s':>14} {'ingest/s':>12}"
+    header += f" {'ratio':>6}"
+    if llm is not None:
+        header += f" {'RadixTree/s':>12} {'kvsi/tree':>10}"
+    print(header)
+    rows = []
     for name, make in (("small", small_events), ("agentic", agentic)):
-        payloads = make(args.batches, args.seed)
-        n = block_events(payloads)
-        decode = median_rate(time_decode_only, payloads, n, args.runs)
-        ingest = median_rate(time_ingest, payloads, n, args.runs)
-        print(f"{name:<10} {n:>12,} {decode:>14,.0f} {ingest:>12,.0f} {ingest / decode:>6.2f}")
+        row = measure(name, make(args.batches, args.seed), args.runs, llm)
+        print_row(row)
+        rows.append(row)
     print(f"(medians of {args.runs} runs; ratio = ingest rate / decode-only rate, same payloads)")
+    for row in rows:
+        if "tree" in row:
+            print(
+                f"{row['workload']}: stores re-rooted for the tree {row['rerooted']:,}, "
+                f"removed hashes it never held {row['dropped']:,}, "
+                f"events it rejected {row['tree_errors']:,}"
+            )
+    if llm is not None:
+        print("target (issue 18): kvsi/tree >= 2.0 on both workloads")
 
 
 if __name__ == "__main__":
