@@ -16,10 +16,12 @@ from store.model import WorkerState, WorkerStatus
 class WorkerHealth:
     """Connection and exactness of one worker's index, folded into one WorkerStatus.
 
-    Only LIVE is exact. DEGRADED wins over every other state: a gap that replay could not
-    repair stays visible while the publisher disconnects and reconnects, and ends only when
-    the worker's index is provably exact again (an engine restart or an AllBlocksCleared
-    applied after the gap: the worker is empty, then rebuilt from events alone).
+    Only LIVE is exact. DEGRADED wins over every other state: a stream that a resource limit
+    keeps from its sockets is never shown live or connecting while nothing arrives; a gap
+    that replay could not repair stays visible while the publisher disconnects and
+    reconnects, and ends only when the worker's index is provably exact again (an engine
+    restart or an AllBlocksCleared applied after the gap: the worker is empty, then rebuilt
+    from events alone).
     """
 
     def __init__(self, endpoint: str, model: str | None = None) -> None:
@@ -30,6 +32,7 @@ class WorkerHealth:
         """None until the publisher's socket first connects."""
         self._lost: str | None = None
         self._repairing: str | None = None
+        self._blocked: str | None = None
         self.batches_lost = 0
         """Batches missed and not repaired since the stream started (what /v1/pods shows)."""
         self.stale_deadline: float | None = None
@@ -53,9 +56,16 @@ class WorkerHealth:
         """The known loss being repaired by replay, if any."""
         return self._repairing
 
+    @property
+    def blocked_detail(self) -> str | None:
+        """The resource limit that keeps the stream from its publisher, if any."""
+        return self._blocked
+
     def status(self) -> WorkerStatus:
         """The status to store now."""
-        if self._lost is not None:
+        if self._blocked is not None:
+            detail = self._blocked if self._lost is None else f"{self._blocked}; {self._lost}"
+        elif self._lost is not None:
             detail = self._lost
             if self.connected is False:
                 detail += f"; publisher {self._endpoint} disconnected"
@@ -112,6 +122,14 @@ class WorkerHealth:
         self.stale_deadline = None
         self._refresh()
 
+    def blocked(self, detail: str | None) -> None:
+        """A resource limit (sockets, descriptors, memory) keeps the stream from opening a
+        socket: DEGRADED with why, until it opens; None: it did."""
+        if detail == self._blocked:
+            return
+        self._blocked = detail
+        self._refresh()
+
     def repairing(self, detail: str | None) -> None:
         """A known loss is being repaired by replay (DEGRADED until it is); None: done."""
         if detail == self._repairing:
@@ -139,7 +157,7 @@ class WorkerHealth:
         return max(0.0, self.stale_deadline - time.monotonic())
 
     def _refresh(self) -> None:
-        if self._lost is not None or self._repairing is not None:
+        if self._lost is not None or self._repairing is not None or self._blocked is not None:
             state = WorkerState.DEGRADED
         elif self.connected is None:
             state = WorkerState.CONNECTING

@@ -59,3 +59,22 @@ def test_a_repair_in_progress_shows_degraded_until_done() -> None:
     assert health.repairing_detail is not None
     health.repairing(None)
     assert health.status().state is WorkerState.LIVE
+
+
+def test_a_resource_limit_shows_degraded_with_why_never_connecting_or_live() -> None:
+    health = WorkerHealth("tcp://e:1")
+    health.blocked("cannot open a socket: Too many open files")
+    status = health.status()
+    assert (status.state, status.detail) == (
+        WorkerState.DEGRADED,
+        "cannot open a socket: Too many open files",
+    )
+    health.blocked(None)
+    assert health.status().state is WorkerState.CONNECTING
+    health.connect(True)
+    health.lose(2, "seqs 1..2 lost", stale_deadline=None)
+    health.blocked("cannot open a replay socket")
+    assert health.status().detail == "cannot open a replay socket; seqs 1..2 lost"
+    health.blocked(None)
+    health.exact_again()
+    assert health.status().state is WorkerState.LIVE
