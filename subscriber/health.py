@@ -33,6 +33,8 @@ class WorkerHealth:
         self._lost: str | None = None
         self._repairing: str | None = None
         self._blocked: str | None = None
+        self._syncing = False
+        """Connected, and the history the publisher still buffers not asked for yet."""
         self.batches_lost = 0
         """Batches missed and not repaired since the stream started (what /v1/pods shows)."""
         self.stale_deadline: float | None = None
@@ -73,6 +75,8 @@ class WorkerHealth:
             detail = self._repairing
         elif self._state is WorkerState.DISCONNECTED:
             detail = f"publisher {self._endpoint} disconnected"
+        elif self._state is WorkerState.CONNECTING and self.connected:
+            detail = f"connected to {self._endpoint}; replaying what it still buffers"
         elif self._state is WorkerState.CONNECTING:
             detail = f"connecting to {self._endpoint}"
         else:
@@ -87,9 +91,18 @@ class WorkerHealth:
             self.changed.set()
 
     def connect(self, connected: bool) -> None:
-        """The publisher's socket connected or disconnected."""
+        """The publisher's socket connected or disconnected. Connected, the worker stays
+        CONNECTING until `synced`: what the publisher buffered is not in the index yet."""
         self.connected = connected
+        self._syncing = connected
         self._refresh()
+
+    def synced(self) -> None:
+        """The catch-up after a connect has ended (what it recovered is applied, what it
+        could not is shown as lost): LIVE, unless something else is wrong."""
+        if self._syncing:
+            self._syncing = False
+            self._refresh()
 
     def lose(self, batches: int, detail: str, *, stale_deadline: float | None) -> None:
         """Batches are lost for good: DEGRADED, with why and since when.
@@ -159,7 +172,7 @@ class WorkerHealth:
     def _refresh(self) -> None:
         if self._lost is not None or self._repairing is not None or self._blocked is not None:
             state = WorkerState.DEGRADED
-        elif self.connected is None:
+        elif self.connected is None or self._syncing:
             state = WorkerState.CONNECTING
         elif self.connected:
             state = WorkerState.LIVE

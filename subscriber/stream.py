@@ -614,6 +614,7 @@ class WorkerStream:
             self._repair_failure = "no replay endpoint is configured"
             await self._rebuilt(None)
             self.health.repairing(None)
+            self.health.synced()
             return
         if self.health.repairing_detail is not None:
             # Batches we dropped ourselves: the worker shows as degraded (repairing) in the
@@ -637,6 +638,8 @@ class WorkerStream:
                 await self._gate.clear_worker(self.worker)
                 self.health.exact_again()
         self.health.repairing(None)
+        if not self._resync:  # a connect since this catch-up began asks for another
+            self.health.synced()
 
     async def _index_lost(self, detail: str) -> None:
         """The store lost this worker's index: forget the fence, rebuild by replay from seq 0.
