@@ -73,11 +73,14 @@ def socket_failure(exc: zmq.ZMQError, what: str) -> ResourceError:
 
 
 def open_live(
-    ctx: zmq.asyncio.Context, topic: str, endpoint: str
+    ctx: zmq.asyncio.Context, topic: str, endpoint: str, room: StreamRoom | None = None
 ) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
     """A SUB subscribed to `topic` and connecting to `endpoint`, and the monitor of its
-    connects and disconnects (set up first: no event is missed); ResourceError if a socket
-    cannot be opened, with whatever was opened closed again."""
+    connects and disconnects (set up first: no event is missed), holding a place in `room`
+    (None: not counted); ResourceError if there is none or a socket cannot be opened, with
+    whatever was opened closed and the place given back."""
+    if room is not None:
+        room.take()
     sock: zmq.asyncio.Socket | None = None
     try:
         sock = ctx.socket(zmq.SUB)
@@ -94,6 +97,8 @@ def open_live(
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()  # libzmq's end, if only ours failed to open
             sock.close(linger=0)
+        if room is not None:
+            room.give_back()
         raise socket_failure(exc, f"the live stream's ZMQ sockets for {endpoint}") from exc
     return sock, monitor
 

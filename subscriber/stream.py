@@ -221,14 +221,7 @@ class WorkerStream:
         """The SUB and its monitor, once this process has room for them (see sockets.py)."""
         while True:
             try:
-                if self._room is not None:
-                    self._room.take()
-                try:
-                    opened = open_live(self._ctx, self.spec.topic, self.spec.endpoint)
-                except ResourceError:
-                    if self._room is not None:
-                        self._room.give_back()
-                    raise
+                opened = open_live(self._ctx, self.spec.topic, self.spec.endpoint, self._room)
             except ResourceError as exc:
                 await self._wait_out(exc)
                 continue
