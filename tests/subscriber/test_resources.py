@@ -11,8 +11,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from store.model import WorkerState
+from store.memory import MemoryStore
+from store.model import WorkerKey, WorkerState
 from subscriber.gate import StoreGate
+from subscriber.pool import StreamPool
 from subscriber.sockets import (
     FILES_KEPT,
     Limits,
@@ -21,9 +23,9 @@ from subscriber.sockets import (
     room_for,
     sized_context,
 )
-from subscriber.stream import WorkerStream
+from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
 from tests.subscriber.conftest import FAST, Rig, RigFactory
-from tests.subscriber.peers import payload, running, stored
+from tests.subscriber.peers import Publisher, ReplayRouter, payload, running, stored, tcp
 from tests.waiting import eventually
 
 
@@ -102,6 +104,53 @@ async def test_a_replay_without_a_socket_waits_degraded_and_loses_nothing(
         assert r.store.seqs(r.worker) == [0, 1, 2, 3, 4]
         assert stream.counters.resource_failures == {ResourceReason.TOO_MANY_OPEN_FILES: 1}
         assert stream.readiness_reasons() == []
+
+
+async def test_a_worker_added_past_max_workers_waits_degraded_until_a_place_frees(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    store = MemoryStore()
+    pool = StreamPool([], store, IngestOptions(max_workers=2, replay_timeout=0.5))
+    publishers = [Publisher(ctx, tcp()) for _ in range(3)]
+    routers = [ReplayRouter(ctx, tcp(), p) for p in publishers]
+    for i, (publisher, router) in enumerate(zip(publishers, routers, strict=True)):
+        router.start()
+        await publisher.send(payload([stored([100 + i])]), deliver=False)
+
+    async def states() -> dict[str, WorkerState]:
+        return {w.pod: w.status.state for w in await store.list_workers()}
+
+    await pool.start()
+    try:
+        for i, (publisher, router) in enumerate(zip(publishers, routers, strict=True)):
+            endpoint = publisher.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            await pool.add(PublisherSpec(f"pod-{i}", endpoint, router.endpoint))
+
+        async def third_waits() -> bool:
+            return await states() == {
+                "pod-0": WorkerState.LIVE,
+                "pod-1": WorkerState.LIVE,
+                "pod-2": WorkerState.DEGRADED,
+            }
+
+        await eventually(third_waits)
+        (waiting,) = [w for w in await store.list_workers() if w.pod == "pod-2"]
+        assert "sized for 2 workers; raise KVSI_MAX_WORKERS" in waiting.status.detail
+        assert any("no room for this stream" in r for r in pool.readiness_reasons())
+        assert await pool.remove("pod-0", 0)
+
+        async def third_live() -> bool:
+            fence = await store.fence(WorkerKey("pod-2", 0))
+            return (await states())["pod-2"] is WorkerState.LIVE and fence is not None
+
+        await eventually(third_live)
+        assert pool.readiness_reasons() == []
+    finally:
+        await pool.stop()
+        for router in routers:
+            await router.close()
+        for publisher in publishers:
+            publisher.close()
 
 
 @pytest.mark.parametrize(
