@@ -18,7 +18,7 @@ import zmq.asyncio
 
 SOCKETS_PER_STREAM = 3
 """A stream's SUB and its connection monitor's two PAIR ends (libzmq's inside the context,
-and ours): libzmq's default of 1,023 sockets per context held 341 streams."""
+and ours); libzmq's default context holds 1,023 sockets in all."""
 FILES_PER_STREAM = 4
 """Descriptors per stream: each of its sockets' mailboxes (an eventfd) and its TCP
 connection."""
