@@ -35,7 +35,9 @@ import redis
 from ingest_redis import redis_server
 
 from kvsi.logs import configure_logging
+from simulator.fleet import FILES_PER_WORKER, SOCKETS_PER_WORKER
 from simulator.publisher import SimulatedPublisher
+from subscriber.sockets import FILES_KEPT, sized_context
 from subscriber.wire import BlockRemoved, BlockStored, KVCacheEvent
 
 BLOCKS_PER_SESSION = 10
@@ -85,9 +87,15 @@ class Fleet:
     """The simulated publishers: the prefill in their replay buffers, then a steady rate."""
 
     def __init__(self, workers: int) -> None:
+        self._ctx, _ = sized_context(
+            workers * SOCKETS_PER_WORKER, workers * FILES_PER_WORKER + FILES_KEPT
+        )
         self.pubs = [
             SimulatedPublisher(
-                "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", pod=f"vllm-{w}"
+                "tcp://127.0.0.1:*",
+                replay_endpoint="tcp://127.0.0.1:*",
+                pod=f"vllm-{w}",
+                context=self._ctx,
             )
             for w in range(workers)
         ]
@@ -103,6 +111,7 @@ class Fleet:
     async def close(self) -> None:
         for pub in self.pubs:
             await pub.close()
+        self._ctx.destroy(linger=0)
 
     def publishers(self) -> list[dict[str, Any]]:
         """The `publishers` setting of the service that subscribes to this fleet."""

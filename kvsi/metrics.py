@@ -90,6 +90,7 @@ class WorkerCounters:
     drops: dict[str, int] = field(default_factory=dict)
     replays: dict[str, int] = field(default_factory=dict)
     replay_failures: dict[str, int] = field(default_factory=dict)
+    resource_failures: dict[str, int] = field(default_factory=dict)
     last_seq: int | None = None
     applied_seq: int | None = None
     lag_batches: int = 0
@@ -126,6 +127,14 @@ _LABELLED: tuple[tuple[str, str, str, str], ...] = (
     ("drops", "kvsi_decode_drops", "reason", "Messages, batches or events skipped, by reason."),
     ("replays", "kvsi_replays", "result", "Replays by result (complete, stopped, failed)."),
     ("replay_failures", "kvsi_replay_failures", "reason", "Failed replays, by reason."),
+    (
+        "resource_failures",
+        "kvsi_resource_failures",
+        "reason",
+        "Times a resource limit (the process's room for streams, sockets, file descriptors, "
+        "memory) kept the worker's stream from opening a socket, by reason; once per episode, "
+        "its retries not counted.",
+    ),
 )
 """(attribute, metric name, label, help) of the per-worker counters with a second label."""
 

@@ -57,6 +57,7 @@ def ingest_options(settings: Settings) -> IngestOptions:
         unconfirmed_ttl=settings.unconfirmed_ttl_seconds,
         store_retry_max=settings.store_retry_max_seconds,
         index_audit=settings.index_audit_seconds,
+        max_workers=settings.max_workers,
     )
 
 

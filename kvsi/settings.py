@@ -212,6 +212,11 @@ class Settings(BaseSettings):
     max_concurrent_replays: int = Field(default=4, ge=1)
     """Replays in flight at once over all publishers, so a fleet reconnecting together does
     not flood its engines and the store."""
+    max_workers: int = Field(default=1024, ge=1)
+    """Workers one process is sized to follow, or the configured publishers if more: the ZMQ
+    context's socket limit and the file limit raised at start are counted for them. Central
+    mode and Dynamo registrations add workers up to it; a worker past it (or past what the
+    hard file limit allows) stays `degraded`, saying why, and `/readyz` fails."""
     unconfirmed_ttl_seconds: float = Field(default=300.0, gt=0)
     """Stale policy: after a gap that replay could not repair, a worker's entries that no
     event reconfirms within this time are dropped (the index may then under-report that

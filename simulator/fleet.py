@@ -1,6 +1,7 @@
 """A fleet of simulated vLLM pods: engines plus publishers on loopback, driven by a workload.
 
 Imports nothing from store/, api/ or kvsi/: a service under test only ever sees its sockets.
+Its ZMQ context is sized like the subscriber's, by subscriber/sockets.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import zmq.asyncio
 from simulator.engine import SimulatedEngine
 from simulator.publisher import DEFAULT_BUFFER_STEPS, SimulatedPublisher
 from simulator.workload import AgenticWorkload, Request
+from subscriber.sockets import FILES_KEPT, sized_context
 from subscriber.wire import KVCacheEvent
 
 log = structlog.stdlib.get_logger(__name__)
@@ -30,6 +32,13 @@ _AUTO_PORT_ATTEMPTS = 50
 
 _PORT_RNG = random.Random()
 """Port choice must not consume the seeded RNG: the workload stays the same either way."""
+
+SOCKETS_PER_WORKER = 2
+"""A worker's PUB and replay ROUTER."""
+
+FILES_PER_WORKER = 6
+"""Descriptors per worker: its two sockets' mailboxes and listeners, and the connections of
+one subscriber and one replay."""
 
 _MAX_CATCH_UP_TICKS = 64
 """Ticks run back to back when late, before yielding, so a fast rate cannot starve the loop."""
@@ -111,6 +120,7 @@ class SimulatedFleet:
     ) -> None:
         """`base_port` None or 0 picks free ports; else pod i uses 2*dp_size ports from
         base_port + 2*dp_size*i: PUB ports first (one per rank), then ROUTER ports.
+        `context` None: one of its own, sized for its workers, destroyed by `close`.
         """
         names = pod_names(pods) if isinstance(pods, int) else list(pods)
         if not names or len(set(names)) != len(names):
@@ -138,7 +148,14 @@ class SimulatedFleet:
         self._block_size = block_size
         self._report_mode_full = report_mode_full
         self._buffer_steps = buffer_steps
-        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._own_ctx = context is None
+        if context is None:
+            # libzmq's default context holds 1,023 sockets: 511 publishers.
+            workers = len(names) * dp_size
+            context, _ = sized_context(
+                workers * SOCKETS_PER_WORKER, workers * FILES_PER_WORKER + FILES_KEPT
+            )
+        self._ctx = context
         self._rng = random.Random(seed)
         self._workers: dict[tuple[str, int], _Worker] = {}
         self._order: list[tuple[str, int]] = []
@@ -181,6 +198,8 @@ class SimulatedFleet:
         await self._idle.wait()
         for worker in self._workers.values():
             await worker.publisher.close()
+        if self._own_ctx and not self._ctx.closed:
+            self._ctx.destroy(linger=0)
 
     async def __aenter__(self) -> SimulatedFleet:
         await self.start()

@@ -16,10 +16,12 @@ from store.model import WorkerState, WorkerStatus
 class WorkerHealth:
     """Connection and exactness of one worker's index, folded into one WorkerStatus.
 
-    Only LIVE is exact. DEGRADED wins over every other state: a gap that replay could not
-    repair stays visible while the publisher disconnects and reconnects, and ends only when
-    the worker's index is provably exact again (an engine restart or an AllBlocksCleared
-    applied after the gap: the worker is empty, then rebuilt from events alone).
+    Only LIVE is exact. DEGRADED wins over every other state: a stream that a resource limit
+    keeps from its sockets is never shown live or connecting while nothing arrives; a gap
+    that replay could not repair stays visible while the publisher disconnects and
+    reconnects, and ends only when the worker's index is provably exact again (an engine
+    restart or an AllBlocksCleared applied after the gap: the worker is empty, then rebuilt
+    from events alone).
     """
 
     def __init__(self, endpoint: str, model: str | None = None) -> None:
@@ -30,6 +32,9 @@ class WorkerHealth:
         """None until the publisher's socket first connects."""
         self._lost: str | None = None
         self._repairing: str | None = None
+        self._blocked: str | None = None
+        self._syncing = False
+        """Connected, and the history the publisher still buffers not asked for yet."""
         self.batches_lost = 0
         """Batches missed and not repaired since the stream started (what /v1/pods shows)."""
         self.stale_deadline: float | None = None
@@ -53,9 +58,16 @@ class WorkerHealth:
         """The known loss being repaired by replay, if any."""
         return self._repairing
 
+    @property
+    def blocked_detail(self) -> str | None:
+        """The resource limit that keeps the stream from its publisher, if any."""
+        return self._blocked
+
     def status(self) -> WorkerStatus:
         """The status to store now."""
-        if self._lost is not None:
+        if self._blocked is not None:
+            detail = self._blocked if self._lost is None else f"{self._blocked}; {self._lost}"
+        elif self._lost is not None:
             detail = self._lost
             if self.connected is False:
                 detail += f"; publisher {self._endpoint} disconnected"
@@ -63,6 +75,8 @@ class WorkerHealth:
             detail = self._repairing
         elif self._state is WorkerState.DISCONNECTED:
             detail = f"publisher {self._endpoint} disconnected"
+        elif self._state is WorkerState.CONNECTING and self.connected:
+            detail = f"connected to {self._endpoint}; replaying what it still buffers"
         elif self._state is WorkerState.CONNECTING:
             detail = f"connecting to {self._endpoint}"
         else:
@@ -77,9 +91,18 @@ class WorkerHealth:
             self.changed.set()
 
     def connect(self, connected: bool) -> None:
-        """The publisher's socket connected or disconnected."""
+        """The publisher's socket connected or disconnected. Connected, the worker stays
+        CONNECTING until `synced`: what the publisher buffered is not in the index yet."""
         self.connected = connected
+        self._syncing = connected
         self._refresh()
+
+    def synced(self) -> None:
+        """The catch-up after a connect has ended (what it recovered is applied, what it
+        could not is shown as lost): LIVE, unless something else is wrong."""
+        if self._syncing:
+            self._syncing = False
+            self._refresh()
 
     def lose(self, batches: int, detail: str, *, stale_deadline: float | None) -> None:
         """Batches are lost for good: DEGRADED, with why and since when.
@@ -112,6 +135,14 @@ class WorkerHealth:
         self.stale_deadline = None
         self._refresh()
 
+    def blocked(self, detail: str | None) -> None:
+        """A resource limit (sockets, descriptors, memory) keeps the stream from opening a
+        socket: DEGRADED with why, until it opens; None: it did."""
+        if detail == self._blocked:
+            return
+        self._blocked = detail
+        self._refresh()
+
     def repairing(self, detail: str | None) -> None:
         """A known loss is being repaired by replay (DEGRADED until it is); None: done."""
         if detail == self._repairing:
@@ -139,9 +170,9 @@ class WorkerHealth:
         return max(0.0, self.stale_deadline - time.monotonic())
 
     def _refresh(self) -> None:
-        if self._lost is not None or self._repairing is not None:
+        if self._lost is not None or self._repairing is not None or self._blocked is not None:
             state = WorkerState.DEGRADED
-        elif self.connected is None:
+        elif self.connected is None or self._syncing:
             state = WorkerState.CONNECTING
         elif self.connected:
             state = WorkerState.LIVE

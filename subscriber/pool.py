@@ -1,18 +1,23 @@
 """All publisher streams of this process, started and stopped together.
 
-Imports zmq and the store contract; never the API. The streams share one ZMQ context, one
-store gate (one view of the store's availability) and one bound on concurrent replays.
+Imports zmq and the store contract; never the API. The streams share one ZMQ context (sized
+for the fleet, see sockets.py), one store gate (one view of the store's availability) and
+one bound on concurrent replays.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import structlog
 import zmq.asyncio
 
 from store.base import IndexStore
 from subscriber.gate import StoreGate
+from subscriber.sockets import StreamRoom, ingest_needs, room_for, sized_context
 from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+
+log = structlog.get_logger(__name__)
 
 
 class StreamPool:
@@ -25,7 +30,7 @@ class StreamPool:
         options: IngestOptions | None = None,
     ) -> None:
         options = options or IngestOptions()
-        self._ctx = zmq.asyncio.Context()
+        self._ctx, self.room = _sized(len(specs), options)
         self.gate = StoreGate(store, retry_max_seconds=options.store_retry_max)
         # One bound for the process: a fleet that reconnects at once must not flood its
         # engines (and the store) with replays.
@@ -36,7 +41,12 @@ class StreamPool:
 
     def _stream(self, spec: PublisherSpec) -> WorkerStream:
         return WorkerStream(
-            spec, self.gate, self._ctx, options=self._options, replay_limit=self._replays
+            spec,
+            self.gate,
+            self._ctx,
+            options=self._options,
+            replay_limit=self._replays,
+            room=self.room,
         )
 
     def _run(self, stream: WorkerStream) -> None:
@@ -80,3 +90,31 @@ class StreamPool:
         for stream in self.streams:
             reasons.extend(stream.readiness_reasons())
         return reasons
+
+
+def _sized(configured: int, options: IngestOptions) -> tuple[zmq.asyncio.Context, StreamRoom]:
+    """The streams' context and room, sized for `max_workers` or the configured publishers
+    if more; one line says what fits, a warning if the configured publishers do not."""
+    workers = max(configured, options.max_workers)
+    replays = options.max_concurrent_replays
+    sockets, files = ingest_needs(workers, replays)
+    ctx, limits = sized_context(sockets, files)
+    room = room_for(workers, limits, replays)
+    fields = {
+        "streams": room.capacity,
+        "configured": configured,
+        "zmq_max_sockets": limits.sockets,
+        "file_limit": limits.files,
+        "file_limit_hard": limits.files_hard,
+        "files_wanted": files,
+    }
+    if configured > room.capacity:
+        log.warning(
+            "ingest.limits_too_low",
+            detail=f"{configured} publishers configured, room for {room.capacity} streams: "
+            f"the others stay degraded until a place frees up; {room.why}",
+            **fields,
+        )
+    else:
+        log.info("ingest.limits", **fields)
+    return ctx, room

@@ -18,6 +18,7 @@ import zmq.asyncio
 from kvsi import metrics
 from subscriber.drops import DropReason
 from subscriber.framing import ReplayEnd, parse_reply, replay_request
+from subscriber.sockets import socket_failure
 
 log = structlog.get_logger(__name__)
 
@@ -88,7 +89,8 @@ class ReplayClient:
         """Deliver every buffered batch from `start` on, until the end marker.
 
         Raises ReplayFailedError once every attempt failed; batches delivered before that
-        stay delivered (a retry resumes after them).
+        stay delivered (a retry resumes after them). A socket that cannot be opened (a
+        resource limit) is not an attempt: sockets.ResourceError, for the caller to wait out.
         """
         report = ReplayReport(start=start)
         began = time.perf_counter()
@@ -121,7 +123,10 @@ class ReplayClient:
 
     async def _attempt(self, report: ReplayReport, deliver: Deliver) -> None:
         expected = report.start if report.last_seq is None else report.last_seq + 1
-        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock = self._ctx.socket(zmq.DEALER)
+        except zmq.ZMQError as exc:
+            raise socket_failure(exc, f"a ZMQ socket to replay from {self.endpoint}") from exc
         sock.setsockopt(zmq.LINGER, 0)
         # A ROUTER drops (never blocks) at its high-water mark: a bounded pipe here would
         # lose replies whenever applying is slower than the network. The publisher's replay

@@ -46,6 +46,7 @@ from subscriber.gate import StoreGate
 from subscriber.health import WorkerHealth
 from subscriber.inbox import Inbox
 from subscriber.replay import ReplayClient, ReplayFailedError, ReplayReport
+from subscriber.sockets import ResourceError, StreamRoom, open_live
 from subscriber.topic import model_of_topic
 
 log = structlog.get_logger(__name__)
@@ -60,6 +61,12 @@ LOST_INDEX = "the index store lost this worker's index"
 GROUP_MAX = 16
 """Most live batches of a backlog stored in one call (a Redis script runs them in one go:
 ~2 ms of Redis time at the bench's batch size, while other clients wait)."""
+
+RESOURCE_RETRY_SECONDS = 0.1
+"""First pause before a stream tries again to open a socket a resource limit refused."""
+
+RESOURCE_RETRY_MAX_SECONDS = 5.0
+"""Longest pause between those tries: a freed socket or descriptor is used within this."""
 
 YIELD_EVERY = 64
 """Messages applied back to back before the applier yields: draining a full inbox into the
@@ -92,6 +99,7 @@ class IngestOptions:
     unconfirmed_ttl: float = 300.0
     store_retry_max: float = 2.0
     index_audit: float = 5.0
+    max_workers: int = 1024
 
 
 class _Mode(enum.Enum):
@@ -121,10 +129,14 @@ class WorkerStream:
         *,
         options: IngestOptions | None = None,
         replay_limit: asyncio.Semaphore | None = None,
+        room: StreamRoom | None = None,
     ) -> None:
+        """`room`: the process's budget of streams (None: not counted)."""
         self.spec = spec
         self._gate = gate
         self._ctx = ctx
+        self._room = room
+        self._retry_pause = RESOURCE_RETRY_SECONDS
         self._options = options or IngestOptions()
         self.worker = WorkerKey(spec.pod, spec.dp_rank)
         """The worker this stream feeds; its rank is the spec's until a batch names one."""
@@ -170,19 +182,31 @@ class WorkerStream:
     # -- tasks ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Receive and apply until cancelled; never raises for bad input or a store outage."""
-        sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SUBSCRIBE, self.spec.topic.encode())
-        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        """Receive and apply until cancelled; never raises for bad input, a store outage or
+        a resource limit (the worker shows `degraded` with why until the socket opens)."""
         metrics.INGEST.track(self)
+        status = asyncio.create_task(self._write_status(), name=f"status:{self.spec.pod}")
+        try:
+            sock, monitor = await self._open_live()
+            try:
+                await self._follow(sock, monitor)
+            finally:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+                sock.close(linger=0)
+                if self._room is not None:
+                    self._room.give_back()
+        finally:
+            status.cancel()
+            await asyncio.gather(status, return_exceptions=True)
+            metrics.INGEST.untrack(self)
+
+    async def _follow(self, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
         tasks = [
             asyncio.create_task(self._receive(sock), name=f"receive:{self.spec.pod}"),
             asyncio.create_task(self._watch_connection(monitor), name=f"monitor:{self.spec.pod}"),
-            asyncio.create_task(self._write_status(), name=f"status:{self.spec.pod}"),
             asyncio.create_task(self._audit_clock(), name=f"audit:{self.spec.pod}"),
         ]
-        sock.connect(self.spec.endpoint)
         self._log.info("stream.connect", endpoint=self.spec.endpoint)
         try:
             # Where a restarted sidecar resumes; the receiver buffers while the store answers.
@@ -192,10 +216,36 @@ class WorkerStream:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            sock.close(linger=0)
-            metrics.INGEST.untrack(self)
+
+    async def _open_live(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        """The SUB and its monitor, once this process has room for them (see sockets.py)."""
+        while True:
+            try:
+                opened = open_live(self._ctx, self.spec.topic, self.spec.endpoint, self._room)
+            except ResourceError as exc:
+                await self._wait_out(exc)
+                continue
+            self._resourced()
+            return opened
+
+    async def _wait_out(self, exc: ResourceError) -> None:
+        """A resource limit stopped this stream: `degraded` with why, counted once per
+        episode (not per retry), tried again after a pause that doubles up to
+        RESOURCE_RETRY_MAX_SECONDS."""
+        if self.health.blocked_detail is None:
+            failures = self.counters.resource_failures
+            failures[exc.reason] = failures.get(exc.reason, 0) + 1
+            self._log.error("stream.resource_failure", reason=exc.reason.value, error=str(exc))
+        self.health.blocked(str(exc))
+        await asyncio.sleep(self._retry_pause)
+        self._retry_pause = min(self._retry_pause * 2, RESOURCE_RETRY_MAX_SECONDS)
+
+    def _resourced(self) -> None:
+        """The socket a resource limit kept closed is open: the worker shows as before."""
+        self._retry_pause = RESOURCE_RETRY_SECONDS
+        if self.health.blocked_detail is not None:
+            self._log.info("stream.resource_recovered")
+            self.health.blocked(None)
 
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         """SUB -> inbox, never waiting on anything else (see inbox.py for why). A topic frame
@@ -557,6 +607,7 @@ class WorkerStream:
             self._repair_failure = "no replay endpoint is configured"
             await self._rebuilt(None)
             self.health.repairing(None)
+            self.health.synced()
             return
         if self.health.repairing_detail is not None:
             # Batches we dropped ourselves: the worker shows as degraded (repairing) in the
@@ -580,6 +631,8 @@ class WorkerStream:
                 await self._gate.clear_worker(self.worker)
                 self.health.exact_again()
         self.health.repairing(None)
+        if not self._resync:  # a connect since this catch-up began asks for another
+            self.health.synced()
 
     async def _index_lost(self, detail: str) -> None:
         """The store lost this worker's index: forget the fence, rebuild by replay from seq 0.
@@ -617,7 +670,7 @@ class WorkerStream:
         self._replay_start = start
         counters = self.counters
         try:
-            report = await self._replay.fetch(start, self._deliver)
+            report = await self._fetch_when_possible(start)
         except ReplayFailedError as exc:
             counters.replays["failed"] = counters.replays.get("failed", 0) + 1
             counters.replay_failures[exc.reason] = counters.replay_failures.get(exc.reason, 0) + 1
@@ -638,6 +691,19 @@ class WorkerStream:
             seconds=round(report.seconds, 4),
         )
         return report
+
+    async def _fetch_when_possible(self, start: int) -> ReplayReport:
+        """A replay, waiting out a resource limit on its socket: batches the publisher still
+        buffers are not lost because this process had no socket to ask for them."""
+        assert self._replay is not None
+        while True:
+            try:
+                report = await self._replay.fetch(start, self._deliver)
+            except ResourceError as exc:
+                await self._wait_out(exc)
+                continue
+            self._resourced()
+            return report
 
     async def _deliver(self, seq: int, payload: bytes) -> bool:
         return await self._offer(seq, payload, _Mode.REPLAY)
@@ -725,9 +791,9 @@ class WorkerStream:
                 f"worker {self.worker}: {queued} batches buffered during the index store outage "
                 f"not applied yet (queue holds {self.inbox.capacity})"
             )
-        repairing = self.health.repairing_detail
-        if repairing is not None:
-            reasons.append(f"worker {self.worker}: {repairing}")
+        for detail in (self.health.blocked_detail, self.health.repairing_detail):
+            if detail is not None:
+                reasons.append(f"worker {self.worker}: {detail}")
         return reasons
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.fleet import SimulatedFleet
@@ -49,9 +49,17 @@ _SERVING = re.compile(r"serving on (http://\S+)")
 
 
 class Service:
-    """One `kvsi serve` process; its output goes to `log`."""
+    """One `kvsi serve` process; its output goes to `log`. `file_limit`: its soft and hard
+    RLIMIT_NOFILE (None: inherited)."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], workdir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        file_limit: int | None = None,
+    ) -> None:
         self.name = name
         self.args = args
         self.log = workdir / f"{name}.log"
@@ -62,6 +70,7 @@ class Service:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"} | env,
+                preexec_fn=None if file_limit is None else _limit_files(file_limit),
             )
 
     @property
@@ -109,6 +118,13 @@ class Service:
         return self.proc.returncode
 
 
+def _limit_files(files: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+    return limit
+
+
 class Services:
     """Starts services for one test; `close()` stops every one still running."""
 
@@ -124,16 +140,20 @@ class Services:
         fleet: SimulatedFleet | None,
         *extra: str,
         env: dict[str, str] | None = None,
+        file_limit: int | None = None,
     ) -> Service:
-        """`kvsi serve --store STORE --port 0` with every pod of `fleet` (None: no --pod)."""
+        """`kvsi serve --store STORE --port 0` with every pod of `fleet` (None: no --pod);
+        `file_limit` is its RLIMIT_NOFILE, soft and hard (None: this process's)."""
         args = ["serve", "--store", store, "--host", "127.0.0.1", "--port", "0", *extra]
         for pod, endpoint, replay in fleet.endpoints() if fleet is not None else []:
             args += ["--pod", f"{pod}={endpoint}", "--replay", f"{pod}={replay}"]
-        return self.command(name, args, {"KVSI_LOG_FORMAT": "json"} | (env or {}))
+        return self.command(name, args, {"KVSI_LOG_FORMAT": "json"} | (env or {}), file_limit)
 
-    def command(self, name: str, args: list[str], env: dict[str, str]) -> Service:
+    def command(
+        self, name: str, args: list[str], env: dict[str, str], file_limit: int | None = None
+    ) -> Service:
         """`kvsi ARGS` exactly as given (a shipped command line), `env` over this process's."""
-        service = Service(name, args, env, self.workdir)
+        service = Service(name, args, env, self.workdir, file_limit)
         self.started.append(service)
         return service
 
@@ -171,18 +191,15 @@ async def services() -> AsyncIterator[Services]:
 
 @asynccontextmanager
 async def fleet_of(**options: Any) -> AsyncIterator[SimulatedFleet]:
-    """A started fleet on free loopback ports with its own zmq context, closed after."""
-    ctx = zmq.asyncio.Context()
-    fleet = SimulatedFleet(context=ctx, **options)
+    """A started fleet on free loopback ports with its own zmq context (sized for its
+    workers), closed after."""
+    fleet = SimulatedFleet(**options)
     try:
         await fleet.start()
         yield fleet
     finally:
-        try:
-            fleet.stop()
-            await fleet.close()
-        finally:
-            ctx.destroy(linger=0)
+        fleet.stop()
+        await fleet.close()
 
 
 # -- redis-server --------------------------------------------------------------------------

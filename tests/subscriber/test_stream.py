@@ -113,3 +113,23 @@ async def test_metrics_per_worker_and_fleet_totals_outlive_the_stream(rig: RigFa
         "kvsi_decode_drops_total", {"worker": worker, "reason": "unknown_event"}
     )
     assert drops is not None and drops >= 1
+
+
+async def test_a_connected_worker_is_live_only_once_what_its_publisher_buffers_is_applied(
+    rig: RigFactory,
+) -> None:
+    r = await rig(start=False)
+    for i in range(5):
+        await r.publisher.send(payload([stored([30 + i])]), deliver=False)  # replay buffer
+    assert r.router is not None
+    r.router.delay = 0.1  # a slow replay: half a second between connect and exact
+    seen: list[tuple[WorkerState, int | None]] = []
+    async with running(r.stream):
+        while not seen or seen[-1][0] is not WorkerState.LIVE:
+            listed = await r.store.inner.list_workers()
+            if listed:
+                fence = await r.store.inner.fence(r.worker)
+                seen.append((listed[0].status.state, None if fence is None else fence.seq))
+            await asyncio.sleep(0.02)
+    assert seen[-1] == (WorkerState.LIVE, 4)
+    assert (WorkerState.CONNECTING, None) in seen
