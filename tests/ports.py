@@ -26,3 +26,8 @@ def free_port_run(length: int) -> int:
         if all(_bindable(base + i) for i in range(length)):
             return base
     raise RuntimeError(f"no run of {length} free loopback ports")
+
+
+def free_port() -> int:
+    """One free loopback port, below the ephemeral range (see `free_port_run`)."""
+    return free_port_run(1)

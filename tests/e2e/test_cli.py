@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,17 +26,11 @@ from store.memory import MemoryStore
 from store.select import open_store
 from subscriber.pool import StreamPool
 from subscriber.stream import PublisherSpec
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
 KVSI = [sys.executable, "-m", "kvsi"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def get(url: str) -> object:

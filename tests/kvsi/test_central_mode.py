@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from simulator.fleet import SimulatedFleet
-from tests.deploy.test_image import free_port
 from tests.kvsi.fake_kube import FakeKube, pod
-from tests.ports import free_port_run
+from tests.ports import free_port, free_port_run
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -18,16 +17,10 @@ import zmq.asyncio
 from subscriber import wire
 from subscriber.drops import DropReason
 from subscriber.stream import WorkerStream
+from tests.ports import free_port
 from tests.waiting import eventually
 
 ENCODER = msgspec.msgpack.Encoder()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def tcp() -> str:
