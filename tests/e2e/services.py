@@ -205,6 +205,10 @@ async def fleet_of(**options: Any) -> AsyncIterator[SimulatedFleet]:
 # -- redis-server --------------------------------------------------------------------------
 
 
+PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
+"""AOF on, fsync per write, RDB off (`--save ""` comes first): a restart keeps the data."""
+
+
 def start_redis(*args: str) -> RedisServer:
     """A private redis-server on a free port below the ephemeral range.
 
@@ -311,6 +315,18 @@ async def warmed_up(
     await fleet.run(rate, max_batches=batches)
     await until(lambda: caught_up(client, fleet), 30, "caught up", run)
     return client
+
+
+async def outage_reported(client: Any, fleet: SimulatedFleet, buffered: bool) -> list[str] | None:
+    """/readyz's reasons once it says the store is down (and, if `buffered`, that each
+    worker has batches buffered for it)."""
+    status, reasons = await readiness(client)
+    if status != 503 or not reasons or not reasons[0].startswith("index store unavailable"):
+        return None
+    held = [r for r in reasons if "buffered during the index store outage" in r]
+    if buffered and len(held) < len(fleet.pods):
+        return None
+    return reasons
 
 
 async def readiness(client: httpx.AsyncClient) -> tuple[int, list[str]]:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.services import (
+    PERSISTENT,
     all_live,
     burst,
     caught_up,
     fleet_of,
     metrics,
+    outage_reported,
     per_worker,
     pods,
     readiness,
@@ -32,7 +34,6 @@ from tests.e2e.services import (
     until,
     warmed_up,
 )
-from tests.e2e.test_redis_outage import PERSISTENT, outage_reported
 from tests.e2e.truth import mismatches
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]

@@ -27,12 +27,14 @@ import pytest
 
 from simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
+    PERSISTENT,
     Services,
     all_live,
     burst,
     caught_up,
     fleet_of,
     metrics,
+    outage_reported,
     per_worker,
     pods,
     readiness,
@@ -47,26 +49,11 @@ from tests.e2e.truth import mismatches
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]
 
-PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
-"""AOF on, fsync per write, RDB off (`--save ""` comes first): a restart keeps the data."""
-
 FLEET = {"pods": 2, "sessions": 16, "seed": 3, "num_blocks": 512, "migrate_prob": 0.1}
 RATE = 100.0
 
 FAST_RETRY = {"KVSI_STORE_RETRY_MAX_SECONDS": "0.25"}
 """Ingest retries the store at most 0.25 s apart (default 2 s): recovery shows sooner."""
-
-
-async def outage_reported(client: Any, fleet: SimulatedFleet, buffered: bool) -> list[str] | None:
-    """/readyz's reasons once it says the store is down (and, if `buffered`, that each
-    worker has batches buffered for it)."""
-    status, reasons = await readiness(client)
-    if status != 503 or not reasons or not reasons[0].startswith("index store unavailable"):
-        return None
-    held = [r for r in reasons if "buffered during the index store outage" in r]
-    if buffered and len(held) < len(fleet.pods):
-        return None
-    return reasons
 
 
 async def test_redis_stopped_and_restarted_buffered_batches_apply_in_order() -> None:

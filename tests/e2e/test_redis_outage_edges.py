@@ -18,10 +18,12 @@ import pytest
 
 from simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
+    PERSISTENT,
     burst,
     caught_up,
     fleet_of,
     metrics,
+    outage_reported,
     per_worker,
     redis_server,
     services,
@@ -30,7 +32,6 @@ from tests.e2e.services import (
     until,
     warmed_up,
 )
-from tests.e2e.test_redis_outage import PERSISTENT, outage_reported
 from tests.e2e.truth import listing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]
