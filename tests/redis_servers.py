@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import redis
 
 from tests.ports import free_port
+from tests.waiting import until_sync
 
 START_TIMEOUT = 15.0
 """Seconds a server (or the cluster) gets to answer; a slow CI box, not a hang, fits in it."""
@@ -39,16 +39,9 @@ class _ExitedError(RuntimeError):
 
 
 def _wait(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (redis.ConnectionError, redis.ResponseError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} not ready within {START_TIMEOUT}s (last error: {last})")
+    until_sync(
+        check, START_TIMEOUT, f"{what} ready", tolerate=(redis.ConnectionError, redis.ResponseError)
+    )
 
 
 class RedisServer:

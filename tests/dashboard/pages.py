@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,18 +15,6 @@ ROOT = Path(__file__).parents[2]
 
 SCREENSHOTS = os.environ.get("KVSI_SCREENSHOTS")
 """A directory (relative to the repository) to copy the README's screenshot into, or None."""
-
-
-async def until(check: Callable[[], Awaitable[T | None]], within: float, what: str) -> T:
-    """Poll `check` until it returns something truthy (returned); fail after `within` s."""
-    deadline = time.monotonic() + within
-    last: object = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: not within {within}s (last: {last!r})")
 
 
 async def open_page(browser: Browser, url: str, errors: list[str] | None = None) -> Page:

@@ -20,8 +20,8 @@ from tests.dashboard.pages import (
     session_shown,
     sessions_table,
     unnamed_controls,
-    until,
 )
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page

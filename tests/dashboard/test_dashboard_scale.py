@@ -22,8 +22,8 @@ from tests.dashboard.pages import (
     screenshot,
     sessions_table,
     unnamed_controls,
-    until,
 )
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.paths import DEPLOY
 from tests.ports import free_port
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -83,16 +83,11 @@ def get(url: str) -> tuple[int, str]:
 
 
 def wait_until(check: object, what: str, proc: subprocess.Popen[bytes], within: float = 45) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         assert proc.poll() is None, f"kvsi exited while waiting for {what}"
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {within}s")
+        return bool(check())  # type: ignore[operator]
+
+    until_sync(ready, within, what, tolerate=(OSError,), every=0.2)
 
 
 def samples(metrics_text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

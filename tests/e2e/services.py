@@ -32,6 +32,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.fleet import SimulatedFleet
+from tests import waiting
 from tests.e2e.truth import listing
 from tests.ports import free_port_run
 from tests.redis_servers import RedisServer, require
@@ -266,24 +267,16 @@ def unique_prefix() -> str:
 async def until(
     check: Callable[[], Awaitable[T | None]], within: float, what: str, logs: Services | None
 ) -> T:
-    """Poll `check` until it returns a truthy value (returned); fail after `within` seconds.
-
-    A service that does not answer (connection refused, a 503) reads as not yet.
-    """
-    deadline = time.monotonic() + within
-    last: object = None
-    while True:
-        try:
-            result = await check()
-            if result:
-                return result
-            last = result
-        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            shown = "" if logs is None else "\n" + logs.logs()
-            raise AssertionError(f"{what}: not within {within}s (last: {last!r}){shown}")
-        await asyncio.sleep(0.1)
+    """`tests.waiting.until` for a service: one that does not answer (connection refused, a
+    503) reads as not yet, and a failure shows the services' logs."""
+    return await waiting.until(
+        check,
+        within,
+        what,
+        tolerate=(httpx.TransportError, httpx.HTTPStatusError),
+        context=str if logs is None else logs.logs,
+        every=0.1,
+    )
 
 
 async def pods(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
