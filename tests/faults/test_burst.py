@@ -4,7 +4,6 @@ are dropped, the gaps are repaired by replay, and the index ends equal to the en
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -50,15 +49,6 @@ class Pod:
         ZMQ's pipes and the kernel's buffers fill, and PUB drops past its high-water mark."""
         for body in payloads:
             await self.publisher.publish_payload(body)
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)
 
 
 async def run_burst(ctx: zmq.asyncio.Context, hwm: int, queue_size: int) -> Sidecar:

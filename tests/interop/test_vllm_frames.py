@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -63,15 +63,6 @@ def agent_steps() -> list[Step]:
             context.extend(tokens(1 + rng.randrange(2)))
             steps.append((session, list(context)))
     return steps
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)
 
 
 async def test_the_simulator_sends_vllms_frames_for_the_same_requests(

@@ -5,9 +5,7 @@ registration naming a configured publisher's worker never doubles its stream."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 import zmq
 import zmq.asyncio
 
@@ -30,15 +28,6 @@ class CountingStore(MemoryStore):
     async def instances(self) -> list[DynamoInstance]:
         self.reads += 1
         return await super().instances()
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)
 
 
 def registration(endpoint: str, *, pod: str = "dynamo-7", subscribe: bool = True) -> DynamoInstance:
