@@ -439,11 +439,12 @@ class MemoryStore:
         residencies = sessions = 0
         more = False
         for w in list(self._workers.values()):
-            due = [
-                res
-                for res in itertools.islice(w.sessions.values(), limit + 1)
-                if idle(res.last_seen, older_than)
-            ]
+            due = list(
+                itertools.takewhile(
+                    lambda r: idle(r.last_seen, older_than),
+                    itertools.islice(w.sessions.values(), limit + 1),
+                )
+            )
             more = more or len(due) > limit
             del due[limit:]
             for start in range(0, len(due), EXPIRE_CHUNK):
