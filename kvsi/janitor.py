@@ -1,8 +1,10 @@
 """The janitor: keeps memory flat at a constant working set (DESIGN invariant 5), and the
 garbage collector off the long-lived index.
 
-Imports the store contract only. Idle sessions with no resident block are forgotten; workers
-disconnected for longer than the grace time are removed with all their data.
+Imports the store contract and the metrics. Session residencies idle for `session_idle`
+are dropped, a bounded number per worker and pass (`store.model.idle`: blocks stay in the
+worker's index); workers disconnected for longer than the grace time are removed with all
+their data.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 
 import structlog
 
+from kvsi.metrics import RESIDENCIES_EXPIRED, SESSIONS_EXPIRED
 from store.base import IndexStore
-from store.model import WorkerKey, WorkerState
+from store.model import Expired, WorkerKey, WorkerState
 
 log = structlog.get_logger(__name__)
 
@@ -24,15 +27,26 @@ log = structlog.get_logger(__name__)
 class Swept:
     """What one sweep removed."""
 
-    sessions: int
+    expired: Expired
     workers: list[WorkerKey]
 
 
+EXPIRY_LIMIT = 5_000
+"""Residencies one pass drops per worker (`expire_sessions`' limit): what bounds one pass's
+work (and its pauses of ingest and requests); a pass that leaves more is followed at once."""
+
+
 async def sweep(
-    store: IndexStore, *, now: float, session_idle: float, worker_grace: float
+    store: IndexStore,
+    *,
+    now: float,
+    session_idle: float,
+    worker_grace: float,
+    limit: int = EXPIRY_LIMIT,
 ) -> Swept:
     """One pass. A worker counts as gone only while `disconnected`: a live but idle engine,
-    or a configured publisher still connecting, keeps its index."""
+    or a configured publisher still connecting, keeps its index. `now` is compared with
+    the engine times of the sessions' stores (the batches' `ts`)."""
     gone = [
         WorkerKey(w.pod, w.dp_rank)
         for w in await store.list_workers()
@@ -41,10 +55,17 @@ async def sweep(
     for worker in gone:
         await store.remove_worker(worker)
         log.info("janitor.worker_removed", worker=str(worker), grace_seconds=worker_grace)
-    sessions = await store.expire_sessions(now - session_idle)
-    if sessions:
-        log.info("janitor.sessions_expired", count=sessions)
-    return Swept(sessions=sessions, workers=gone)
+    expired = await store.expire_sessions(now - session_idle, limit)
+    RESIDENCIES_EXPIRED.inc(expired.residencies)
+    SESSIONS_EXPIRED.inc(expired.sessions)
+    if expired.residencies:
+        log.info(
+            "janitor.sessions_expired",
+            residencies=expired.residencies,
+            sessions=expired.sessions,
+            more=expired.more,
+        )
+    return Swept(expired=expired, workers=gone)
 
 
 def freeze_long_lived() -> None:
@@ -70,12 +91,16 @@ async def run_gc_freezer(interval: float) -> None:
 async def run_janitor(
     store: IndexStore, *, interval: float, session_idle: float, worker_grace: float
 ) -> None:
-    """Sweep every `interval` seconds until cancelled; a store outage skips a pass."""
+    """Sweep every `interval` seconds until cancelled, at once again after a pass that
+    left idle residencies (`Expired.more`); a store outage skips a pass."""
+    more = False
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(0 if more else interval)
         try:
-            await sweep(
+            swept = await sweep(
                 store, now=time.time(), session_idle=session_idle, worker_grace=worker_grace
             )
+            more = swept.expired.more
         except Exception as exc:  # an outage must not kill the janitor; the next pass retries
+            more = False
             log.warning("janitor.pass_skipped", error=f"{type(exc).__name__}: {exc}")

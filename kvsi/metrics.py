@@ -57,6 +57,16 @@ LOOP_LAG = Histogram(
 )
 LOOP_LAG_INTERVAL = 0.25
 """Seconds between two samples of `LOOP_LAG`: four timers a second, nothing to measure."""
+SESSIONS_EXPIRED = Counter(
+    "kvsi_sessions_expired_total",
+    "Sessions forgotten by the idle rule: left with no residency on any worker (their blocks "
+    "stay in the workers' indexes).",
+)
+RESIDENCIES_EXPIRED = Counter(
+    "kvsi_session_residencies_expired_total",
+    "Session residencies (session, worker) dropped by the idle rule: no store of the session "
+    "on that worker for session_idle_seconds, blocks held or not.",
+)
 DISCOVERY_PODS = Gauge(
     "kvsi_discovery_pods", "Running vLLM pods central mode currently subscribes to."
 )

@@ -192,14 +192,18 @@ class Settings(BaseSettings):
     index_metrics_interval_seconds: float = Field(default=15.0, gt=0)
     """How often the index size gauges (workers, sessions, entries) are read from the store."""
     session_idle_seconds: float = Field(default=3600.0, gt=0)
-    """Sessions with no resident block are forgotten after this long without a store."""
+    """A session residency (session, worker) with no store of the session on that worker
+    for this long (engine time) is dropped, whatever blocks it holds; the blocks stay in the
+    worker's index (a shared system prompt is still matched). A session left with no
+    residency is forgotten."""
     worker_grace_seconds: float = Field(default=600.0, gt=0)
     """A worker disconnected for longer than this is removed with all its data."""
     gc_freeze_interval_seconds: float = Field(default=2.0, gt=0)
     """How often surviving objects are frozen out of the garbage collector's scans (keeps
     full collections over a large in-memory index from stalling the API)."""
     janitor_interval_seconds: float = Field(default=30.0, gt=0)
-    """How often idle sessions and gone workers are looked for."""
+    """How often idle session residencies and gone workers are looked for (a pass drops at
+    most 5,000 residencies per worker, and runs again at once when it left some)."""
     ingest_queue_size: int = Field(default=10_000, ge=1)
     """Live messages held per publisher between receiving and applying (the buffer that
     rides out a slow or unavailable store). Beyond it, messages are dropped and the hole is

@@ -13,6 +13,7 @@ from store.model import (
     ApplyOutcome,
     Batch,
     DynamoInstance,
+    Expired,
     Fence,
     Hash,
     Page,
@@ -178,8 +179,20 @@ class IndexStore(Protocol):
         """
         ...
 
-    async def expire_sessions(self, older_than: float) -> int:
-        """Forget sessions with no resident block whose last_seen is before `older_than`."""
+    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+        """One pass of the idle rule (`store.model.idle`): drop each session residency whose
+        session last stored on its worker before `older_than`, blocks or not; the blocks stay
+        in the worker's index. The change feed reports a dropped residency's blocks as the
+        stale policy's drops are (removed, 0 left, not losses). A session left with no
+        residency, and no younger record of a removed worker, is forgotten.
+
+        Bounded: per worker at most `limit` residencies, least recently stored first (a
+        residency is looked at only if it is dropped), and at most `limit` records of
+        removed workers; `Expired.more` says some were left for the next pass. Never reads
+        every session or scans a keyspace. Cost: O(dropped residencies' blocks + workers).
+        Redis: a worker's residencies holding blocks are dropped only by a process writing
+        that worker (its mirror holds the reverse map: store/README.md "Expiry").
+        """
         ...
 
     async def change_feed(self) -> FeedHub:

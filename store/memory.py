@@ -7,6 +7,8 @@ per (medium, group_idx), hash -> the sessions holding it.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -19,6 +21,7 @@ from store.model import (
     BlocksRemoved,
     BlocksStored,
     DynamoInstance,
+    Expired,
     Fence,
     Frontier,
     Hash,
@@ -37,14 +40,16 @@ from store.model import (
     advance,
     decide,
     fell_behind,
+    idle,
     note_store,
+    release,
     reprefill_tokens,
     tally_losses,
 )
 from store.paging import SessionOrder, page_hashes, page_sessions
 
-EXPIRE_CHUNK = 2_000
-"""Sessions `expire_sessions` looks at between two yields to the event loop (~2 ms)."""
+EXPIRE_CHUNK = 1_000
+"""Residencies `expire_sessions` drops between two yields to the event loop."""
 
 
 class _Session:
@@ -153,6 +158,8 @@ class _Worker:
         self.key = key
         self.parts: dict[PartKey, dict[Hash, Holders]] = {}
         self.sessions: dict[str, _Residency] = {}
+        """In the order of their last store (a store moves its residency to the end): the
+        idle ones come first, so expiry reads only what it drops."""
         self.active = 0
         """Sessions with at least one block here, kept per batch: list_workers is hot."""
         self.unconfirmed: dict[PartKey, set[Hash]] = {}
@@ -178,6 +185,9 @@ class MemoryStore:
         """Residencies whose blocks the current batch changed, for the change feed."""
         self._instances: dict[tuple[int, int], DynamoInstance] = {}
         """Dynamo registrations by (instance_id, dp_rank)."""
+        self._retired: list[tuple[float, str]] = []
+        """Heap of (last_seen, id) of sessions left with no residency (their workers removed,
+        or dropped while a removed worker's record is younger): forgotten once idle."""
 
     # -- write side ---------------------------------------------------------------------
 
@@ -257,11 +267,15 @@ class MemoryStore:
                 if h not in part:
                     part[h] = None
             return
-        res = w.sessions.get(event.session_id) or self._new_residency(w, event.session_id)
+        sessions = w.sessions
+        res = sessions.get(event.session_id) or self._new_residency(w, event.session_id)
         if ts > res.last_seen:
             res.last_seen = ts
             if ts > res.session.last_seen:
                 res.session.last_seen = ts
+            sid = res.session.session_id
+            del sessions[sid]  # to the end: `sessions` stays in last-store order
+            sessions[sid] = res
         note_store(res, event)
         held = res.blocks.get(pk)
         if held is None:
@@ -341,7 +355,10 @@ class MemoryStore:
                 res.touch(batch, self._touched)
                 res.removed += count
             if not keep:
-                self._sessions[sid].workers.pop(w.key, None)
+                session = self._sessions[sid]
+                session.workers.pop(w.key, None)
+                if not session.workers:
+                    heapq.heappush(self._retired, (session.last_seen, sid))
             elif res.mark == batch:  # touched by this batch: its feed row ends here
                 w.sessions[sid] = res.session.workers[w.key] = res.successor(count)
             res.blocks.clear()
@@ -415,29 +432,74 @@ class MemoryStore:
             self._clear(w, keep=False)
             self._finish(w, _engine_time(w), losses=False)
 
-    async def expire_sessions(self, older_than: float) -> int:
-        """Walks the sessions in chunks, yielding to the event loop between them: one pass
-        over 100,000 sessions would stall the API and ingest for ~85 ms. Each session is
-        checked as it goes, so one stored during a pause stays."""
-        ids = list(self._sessions)
-        forgotten = 0
-        for start in range(0, len(ids), EXPIRE_CHUNK):
-            for sid in ids[start : start + EXPIRE_CHUNK]:
-                session = self._sessions.get(sid)
-                if (
-                    session is None
-                    or session.last_seen >= older_than
-                    or any(r.count() for r in session.workers.values())
-                ):
-                    continue
+    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+        """Per worker, its residencies from the least recently stored while `idle`, at most
+        `limit`, then at most `limit` sessions of removed workers; a yield to the event loop
+        every EXPIRE_CHUNK drops. O(dropped residencies' blocks + limit), nothing else read."""
+        residencies = sessions = 0
+        more = False
+        for w in list(self._workers.values()):
+            due = list(
+                itertools.takewhile(
+                    lambda r: idle(r.last_seen, older_than),
+                    itertools.islice(w.sessions.values(), limit + 1),
+                )
+            )
+            more = more or len(due) > limit
+            del due[limit:]
+            for start in range(0, len(due), EXPIRE_CHUNK):
+                if self._workers.get(w.key) is not w:
+                    break  # removed during a pause
+                dropped, forgotten = self._drop(w, due[start : start + EXPIRE_CHUNK], older_than)
+                residencies += dropped
+                sessions += forgotten
+                await asyncio.sleep(0)
+        retired = self._retired
+        looked = 0
+        while retired and retired[0][0] < older_than and looked < limit:
+            _, sid = heapq.heappop(retired)
+            looked += 1
+            session = self._sessions.get(sid)
+            if session is not None and not session.workers and idle(session.last_seen, older_than):
                 del self._sessions[sid]
-                for key in session.workers:
-                    w = self._workers.get(key)
-                    if w is not None:
-                        w.sessions.pop(sid, None)
-                forgotten += 1
-            await asyncio.sleep(0)
-        return forgotten
+                sessions += 1
+        more = more or bool(retired and retired[0][0] < older_than)
+        return Expired(residencies, sessions, more)
+
+    def _drop(self, w: _Worker, due: list[_Residency], older_than: float) -> tuple[int, int]:
+        """Drop residencies of `w` still idle (one stored during a pause stays): their
+        entries stay on the worker (`release`); the change feed gets their removed blocks as
+        for the stale policy's drops. Returns (residencies dropped, sessions forgotten)."""
+        self._batch += 1
+        batch, touched = self._batch, self._touched
+        dropped = forgotten = 0
+        for res in due:
+            session = res.session
+            sid = session.session_id
+            if w.sessions.get(sid) is not res or not idle(res.last_seen, older_than):
+                continue
+            if res.total:
+                res.touch(batch, touched)
+                res.removed += res.total
+                for pk, held in res.blocks.items():
+                    part = w.parts.get(pk)
+                    if part is not None:
+                        for h in held:
+                            if h in part:
+                                part[h] = release(part[h], sid)
+                res.blocks.clear()
+                res.total = 0
+            del w.sessions[sid]
+            del session.workers[w.key]
+            dropped += 1
+            if not session.workers:
+                if idle(session.last_seen, older_than):
+                    del self._sessions[sid]
+                    forgotten += 1
+                else:  # a removed worker saw it later: it stays until that ages out
+                    heapq.heappush(self._retired, (session.last_seen, sid))
+        self._finish(w, _engine_time(w), losses=False)
+        return dropped, forgotten
 
     # -- read side ----------------------------------------------------------------------
 

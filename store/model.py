@@ -213,6 +213,38 @@ def note_store(res: Progressing, event: BlocksStored) -> None:
         res.frontier = hashes[-1]
 
 
+def idle(last_store: float, older_than: float) -> bool:
+    """The idle rule (DESIGN invariant 5): a session residency whose session last stored on
+    its worker (`BlocksStored` with its `session_id`, engine time) before `older_than` is
+    dropped, whatever it holds. The session loses it (view, listing, its reverse-map
+    entries and eviction bookkeeping); its blocks stay in the worker's index (`release`). A
+    session left with no residency and no record of a removed worker is forgotten."""
+    return last_store < older_than
+
+
+def release(holders: Holders, session_id: str) -> Holders:
+    """An entry's holders after `session_id`'s residency is dropped: the others, or None
+    (the entry stays on the worker, held by no session)."""
+    if holders is None or isinstance(holders, str):
+        return None if holders == session_id else holders
+    rest = holders - {session_id}
+    if len(rest) > 1:
+        return rest
+    return next(iter(rest)) if rest else None
+
+
+class Expired(NamedTuple):
+    """What one expiry pass (`IndexStore.expire_sessions`) dropped."""
+
+    residencies: int
+    """Session residencies dropped (with or without blocks)."""
+    sessions: int
+    """Sessions forgotten: left with no residency and no record of a removed worker."""
+    more: bool
+    """Some worker had more idle residencies than the pass's limit: the next pass should
+    not wait."""
+
+
 class SessionOnWorker(msgspec.Struct):
     """One session's residency on one worker.
 

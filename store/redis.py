@@ -30,6 +30,7 @@ from store.feed import FeedRecord, WorkerChange
 from store.model import (
     ApplyOutcome,
     Batch,
+    Expired,
     Fence,
     IndexLostError,
     WorkerKey,
@@ -45,6 +46,7 @@ from store.redis_layout import (
     decode_progress,
     decode_residency,
     hash_of,
+    residency_time,
     worker_member,
 )
 from store.redis_mirror import FEED_LENGTH, Mirror, batch_id
@@ -356,7 +358,8 @@ class RedisStore(RedisReader, RedisInstances):
                 mirror.add_part(int(pid), *decode_part(raw))
             pipe = self._pipeline()
             held = []
-            for sid, raw in residencies.items():
+            # Oldest first: the mirror keeps residencies in last-store order (expiry).
+            for sid, raw in sorted(residencies.items(), key=lambda kv: residency_time(kv[1])):
                 t, counts = decode_residency(raw)
                 res = mirror.add_residency(sid.decode(), t, decode_progress(raw))
                 for pid in counts:
@@ -497,67 +500,91 @@ class RedisStore(RedisReader, RedisInstances):
             self._registry.discard(worker)
         self._writers.pop(worker, None)
 
-    async def expire_sessions(self, older_than: float) -> int:
-        """Sessions without blocks and idle on every worker lose their records, worker by
-        worker, through expire.lua (which re-checks atomically: one stored meanwhile stays).
-
-        Three pipelined rounds; O(sessions idle on some worker x workers). Then this
-        process's mirrors forget the residencies of sessions expired, here or by another
-        process's janitor, so their memory stays bounded.
+    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+        """Workers this process writes (a current mirror): their idle residencies through
+        the mirror, one apply.lua call per worker (`_expire_written`). Every other worker,
+        and the retired record: expire.lua drops the idle residencies holding no block
+        (those holding blocks wait for their writer: dropping them needs the reverse map).
+        Then one pipeline over every worker tells which of the dropped sessions have no
+        record left (forgotten). O(dropped residencies' blocks + workers) commands' work.
         """
-        sources = await self._seen_sources(None)
-        threshold = -older_than
-        pipe = self._pipeline()
-        for source in sources:
-            pipe.zrange(source.seen, f"({threshold!r}", "+inf", byscore=True)
-        candidates = sorted({sid for seen in await pipe.execute() for sid in seen})
-        forgotten = 0
-        for start in range(0, len(candidates), MAX_ARGS):
-            chunk = candidates[start : start + MAX_ARGS]
-            forgotten += await self._expire(sources, threshold, chunk)
+        dropped: list[str] = []
+        more = False
+        mine: set[str] = set()
         for w in list(self._writers.values()):
-            await self._forget_expired(w, older_than)
-        return forgotten
-
-    async def _expire(self, sources: list[Seen], threshold: float, candidates: list[bytes]) -> int:
-        residencies = [s.res for s in sources if s.res is not None]
-        pipe = self._pipeline()
-        for source in sources:
-            pipe.zmscore(source.seen, candidates)
-        for res in residencies:
-            pipe.hmget(res, candidates)
-        out = await pipe.execute()
-        scores, held = out[: len(sources)], out[len(sources) :]
-        idle = [
-            sid
-            for i, sid in enumerate(candidates)
-            if all(s[i] is None or s[i] > threshold for s in scores)
-            # A residency value holds a space only when it lists blocks.
-            and not any(r[i] is not None and b" " in r[i] for r in held)
-        ]
-        if not idle:
-            return 0
-        kept = await asyncio.gather(
+            done = await self._expire_written(w, older_than, limit)
+            if done is not None:
+                mine.add(w.keys.seen)
+                dropped += done[0]
+                more = more or done[1]
+        sources = await self._seen_sources(None)
+        others = [s for s in sources if s.seen not in mine]
+        replies = await asyncio.gather(
             *(
                 self._expire_script(
-                    keys=[s.seen] if s.res is None else [s.seen, s.res], args=[threshold, *idle]
+                    keys=[s.seen] if s.res is None else [s.seen, s.res],
+                    args=[repr(-older_than), limit],
                 )
-                for s in sources
+                for s in others
             )
         )
-        return len(set(idle).difference(sid for ids in kept for sid in ids))
+        for reply in replies:
+            more = more or reply[0] == b"1"
+            dropped += [sid.decode() for sid in reply[1:]]
+        return Expired(len(dropped), await self._forgotten(sources, dropped), more)
 
-    async def _forget_expired(self, w: _Writer, older_than: float) -> None:
-        """Drop the mirror's idle residencies that Redis no longer has (expired)."""
+    async def _expire_written(
+        self, w: _Writer, older_than: float, limit: int
+    ) -> tuple[list[str], bool] | None:
+        """Drop up to `limit` idle residencies of a worker through its writer's mirror,
+        guarded by the version like any write; None if this process has no current mirror
+        (a stale one is dropped: the worker's next batch loads it again)."""
         async with w.lock:  # no write of this worker runs meanwhile
             mirror = w.mirror
-            if mirror is None:
-                return
-            idle = mirror.idle(older_than)
-            for start in range(0, len(idle), MAX_ARGS):
-                chunk = idle[start : start + MAX_ARGS]
-                scores = await self._client.zmscore(w.keys.seen, chunk)
-                mirror.forget(sid for sid, s in zip(chunk, scores, strict=True) if s is None)
+            if mirror is None or not mirror.registered:
+                return None
+            due = mirror.idle(older_than, limit)
+            more = len(due) > limit
+            due = due[:limit]
+            if not due:
+                return [], more
+            pipe = self._pipeline()
+            pipe.hmget(w.keys.res, [r.session_id for r in due])
+            for res in due:
+                for pid in res.counts:
+                    pipe.smembers(mirror.keys.session(pid, res.session_id))
+            out = await pipe.execute()
+            sets = iter(out[1:])
+            held = [
+                (res, {pid: [hash_of(m) for m in next(sets)] for pid in res.counts}) for res in due
+            ]
+            token = self._token()
+            try:
+                plan = mirror.expire(held, token)
+                reply = await self._eval(plan, None, mirror.ver, "applied")
+            except BaseException:
+                w.mirror = None
+                raise
+            if reply.outcome != "applied":
+                w.mirror = None
+                return None
+            mirror.ver = token
+            # Those another process dropped already (no residency left) are not counted.
+            return [r.session_id for r, raw in zip(due, out[0], strict=True) if raw], more
+
+    async def _forgotten(self, sources: list[Seen], dropped: list[str]) -> int:
+        """How many of the sessions whose residencies were just dropped have no record
+        left on any worker or in the retired record. One pipeline, O(sources) commands."""
+        ids = sorted(set(dropped))
+        forgotten = 0
+        for start in range(0, len(ids), MAX_ARGS):
+            chunk = ids[start : start + MAX_ARGS]
+            pipe = self._pipeline()
+            for source in sources:
+                pipe.zmscore(source.seen, chunk)
+            scores = await pipe.execute()
+            forgotten += sum(1 for i in range(len(chunk)) if all(s[i] is None for s in scores))
+        return forgotten
 
     async def close(self) -> None:
         """The feed pump, the direct connection, the pool: each step bounded by

@@ -159,6 +159,11 @@ def decode_residency(raw: bytes) -> tuple[float, dict[int, int]]:
     return float(head.partition(b";")[0]), out
 
 
+def residency_time(raw: bytes) -> float:
+    """The last store time a residency value starts with."""
+    return float(raw.split(b" ", 1)[0].partition(b";")[0])
+
+
 class Progress(NamedTuple):
     """What a residency value says beyond its counts (`store.model.SessionOnWorker`): lost
     blocks, block size, and the frontier's hash and position (`store.model.Frontier`)."""

@@ -12,6 +12,7 @@ Redis does not confirm the write, and reloads it when needed.
 
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
 from collections.abc import Iterable
@@ -32,7 +33,9 @@ from store.model import (
     Holders,
     PartKey,
     advance,
+    idle,
     note_store,
+    release,
 )
 from store.redis_layout import (
     NO_PROGRESS,
@@ -45,6 +48,7 @@ from store.redis_layout import (
     members,
 )
 from store.redis_plan import (
+    HDEL,
     HSET,
     HSETNX,
     INDEX_ADD,
@@ -57,6 +61,7 @@ from store.redis_plan import (
     STORE_INDEXED,
     XADD,
     ZADD,
+    ZREM,
     Arg,
     Plan,
 )
@@ -184,6 +189,8 @@ class Mirror:
         self.parts: dict[PartKey, Part] = {}
         self.by_pid: dict[int, Part] = {}
         self.res: dict[str, Residency] = {}
+        """In the order of their last store (a store moves its residency to the end; a load
+        sorts by time): the idle ones come first, so expiry reads only what it drops."""
         self.nonempty = 0
         """Residencies holding at least one block: the worker's `sessions` count."""
         self.writes = 0
@@ -356,6 +363,9 @@ class Mirror:
         if ts > res.t:
             res.t = ts
             res.tr = tr
+            residencies = self.res
+            del residencies[sid]  # to the end: `res` stays in last-store order
+            residencies[sid] = res
         note_store(res, event)
         added: list[Hash] = []
         fresh: list[Hash] = []
@@ -538,16 +548,53 @@ class Mirror:
         plan.delete([*d.deletes, keys.meta, keys.vlog, keys.parts, keys.seen, keys.res, keys.feed])
         return plan
 
-    def idle(self, older_than: float) -> list[str]:
-        """Residencies without blocks, last stored before `older_than`: expiry candidates."""
-        return [sid for sid, r in self.res.items() if not r.total and r.t < older_than]
+    def idle(self, older_than: float, limit: int) -> list[Residency]:
+        """Up to `limit + 1` residencies, least recently stored first, while `idle`."""
+        return list(
+            itertools.takewhile(
+                lambda r: idle(r.t, older_than), itertools.islice(self.res.values(), limit + 1)
+            )
+        )
 
-    def forget(self, session_ids: Iterable[str]) -> None:
-        """Drop residencies whose session expired (whoever expired it), if still empty."""
-        for sid in session_ids:
-            res = self.res.get(sid)
-            if res is not None and not res.total:
-                del self.res[sid]
+    def expire(self, due: list[tuple[Residency, dict[int, list[Hash]]]], token: str) -> Plan:
+        """Drop the residencies `due`, each with its entries per part as Redis holds them
+        (the session sets, read by the caller): an entry no other session holds stays on the
+        worker as one no session holds (the part's orphans); the session sets, the residency
+        and its seen score go. One feed row per residency that held blocks, as for the stale
+        policy's drops (not losses)."""
+        plan = Plan(self.keys)
+        self._delta = {}
+        self._closed = []
+        deletes: list[str] = []
+        for res, held in due:
+            sid = res.session_id
+            for pid, hashes in held.items():
+                part = self.by_pid[pid]
+                holders = part.holders
+                orphans = []
+                for h in hashes:
+                    cur = holders.get(h, _ABSENT)
+                    if cur is not _ABSENT:
+                        holders[h] = after = release(cur, sid)
+                        if after is None:
+                            orphans.append(h)
+                if orphans:
+                    plan.call(SADD, part.okey, members(orphans))
+                deletes.append(self._key(res, pid))
+            if res.total:
+                self.nonempty -= 1
+                self._closed.append((sid, 0, res.total, 0))
+            del self.res[sid]
+        if deletes:
+            plan.delete(deletes)
+        sids = [res.session_id for res, _ in due]
+        plan.call(HDEL, self.keys.res, sids)
+        plan.call(ZREM, self.keys.seen, sids)
+        if self._closed:
+            t = self.fence.last_ts if self.fence is not None else time.time()
+            self._feed_in(plan, t, losses=False)
+        self._finish(plan, token, "", [])
+        return plan
 
     # -- the delta ---------------------------------------------------------------------
 

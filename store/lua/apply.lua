@@ -27,8 +27,8 @@
 -- was written). For duplicate and previous_engine, the next version/batch are the log entry
 -- that followed ARGV[4], so a writer that saw the same batch can follow without reloading.
 local CMD = {
-  a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX',
-  z = 'ZADD', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
+  a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX', H = 'HDEL',
+  z = 'ZADD', Z = 'ZREM', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
 }
 local ONE = {R = 'SREM'}
 local CHUNK = 4000

@@ -1,25 +1,29 @@
--- Forget one worker's (or the retired) records of idle sessions holding no block there.
--- KEYS[1]    the worker's seen sorted set (session id -> -last_seen)
--- KEYS[2]    the worker's residency hash (session id -> "<last_seen> <part>:<count> ...");
---            absent for the retired record (sessions of removed workers), a sorted set only
--- ARGV[1]    -older_than: a session qualifies only if its score is above it (or absent)
--- ARGV[2..]  session ids the caller found idle on every worker
--- Checks again here, atomically, so a session stored since the caller looked is kept.
--- Returns the ids kept (stored since): the caller counts a session forgotten only if no
--- worker kept it.
-local kept = {}
-local threshold = tonumber(ARGV[1])
-for i = 2, #ARGV do
-  local sid = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], sid)
+-- Drop one worker's (or the retired record's) idle residencies holding no block: least
+-- recently stored first, at most ARGV[2] looked at. Those holding blocks are left to the
+-- worker's writer (store.redis: dropping them needs its mirror's reverse map).
+-- KEYS[1]    the worker's seen sorted set (session id -> -last store there)
+-- KEYS[2]    the worker's residency hash (session id -> "<last store>[;...] <part>:<count> ...",
+--            holding a space exactly when it lists blocks); absent for the retired record
+-- ARGV[1]    -older_than: a residency is idle when its score is above it
+-- ARGV[2]    the most residencies looked at
+-- Returns {more, dropped ids...}: more is "1" when every residency looked at was dropped
+-- and more are idle (the caller's next pass should not wait), else "0".
+local limit = tonumber(ARGV[2])
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. ARGV[1], 'LIMIT', 0, limit + 1)
+local out = {'0'}
+local looked = math.min(#ids, limit)
+for i = 1, looked do
+  local sid = ids[i]
   local res = KEYS[2] and redis.call('HGET', KEYS[2], sid)
-  if (not score or tonumber(score) > threshold) and (not res or not string.find(res, ' ')) then
+  if not res or not string.find(res, ' ', 1, true) then
     redis.call('ZREM', KEYS[1], sid)
     if KEYS[2] then
       redis.call('HDEL', KEYS[2], sid)
     end
-  else
-    kept[#kept + 1] = sid
+    out[#out + 1] = sid
   end
 end
-return kept
+if #ids > limit and #out == looked + 1 then
+  out[1] = '1'
+end
+return out

@@ -35,8 +35,10 @@ B = WorkerKey("pod-b", 1)
 DIGEST = bytes(range(32))
 DEADLINE = 10.0
 
-WorkerOp = Literal["mark", "drop", "clear"]
-"""mark_unconfirmed, drop_unconfirmed (the stale policy) and clear_worker: no batch."""
+WorkerOp = Literal["mark", "drop", "clear", "expire"]
+"""mark_unconfirmed, drop_unconfirmed (the stale policy), clear_worker and an expiry pass
+(every worker, residencies last stored before EXPIRE_BEFORE): no batch."""
+EXPIRE_BEFORE = 100.0
 Op = tuple[WorkerKey, Batch | WorkerStatus | WorkerOp]
 
 
@@ -78,6 +80,8 @@ async def run(store: IndexStore, ops: list[Op]) -> None:
             await store.mark_unconfirmed(worker)
         elif op == "drop":
             await store.drop_unconfirmed(worker)
+        elif op == "expire":
+            await store.expire_sessions(EXPIRE_BEFORE, 1000)
         else:
             await store.clear_worker(worker)
 
@@ -188,6 +192,28 @@ async def test_a_watcher_resumes_after_an_entry_and_unknown_ids_are_gone(
     for unknown in ("nobody/0@1-0.0", "12345678.0", "garbage", f"{got[-1].id}x"):
         with pytest.raises(HistoryGone):
             hub.subscribe(after=unknown)
+
+
+async def test_expired_residencies_are_fed_as_drops_not_losses(store: IndexStore) -> None:
+    """An expiry ends each dropped residency holding blocks with one row (all its blocks
+    removed, none lost), in a record of its worker; an empty one publishes nothing."""
+    got = await check_against_memory(
+        store,
+        [
+            (A, Batch(0, 10.0, [BlocksStored([1, 2], "GPU", 0, "old"),
+                                BlocksStored([1], "GPU", 0, "shared")])),
+            (A, Batch(1, 11.0, [BlocksStored([3], "GPU", 0, "empty"), BlocksRemoved([3])])),
+            (B, Batch(0, 12.0, [BlocksStored([1], "CPU", 0, "old")])),
+            (A, Batch(2, 200.0, [BlocksStored([1], "GPU", 0, "shared")])),
+            (A, "expire"),
+        ],
+    )  # fmt: skip
+    last = {w: changes[-1] for w, changes in per_worker(got).items()}
+    assert {
+        w: (c.session_id, c.added, c.removed, c.blocks, c.lost)
+        for w, c in last.items()
+        if isinstance(c, ResidencyChange)
+    } == {A: ("old", 0, 2, 0, 0), B: ("old", 0, 1, 0, 0)}
 
 
 async def test_every_change_feed_call_returns_the_same_hub(store: IndexStore) -> None:

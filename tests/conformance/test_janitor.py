@@ -40,7 +40,7 @@ async def test_idle_sessions_without_blocks_are_forgotten(store: IndexStore) -> 
     await store.apply(LIVE, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, "idle")]))
     await store.apply(LIVE, Batch(1, 20.0, [BlocksStored([2], "GPU", 0, "busy")]))
     await store.apply(LIVE, Batch(2, 30.0, [BlocksRemoved([1])]))
-    swept = await sweep(store, now=5000.0, session_idle=3600.0, worker_grace=600.0)
-    assert swept.sessions == 1 and swept.workers == []
+    swept = await sweep(store, now=3615.0, session_idle=3600.0, worker_grace=600.0)
+    assert swept.expired.sessions == 1 and swept.workers == []
     assert await store.get_session("idle") is None
     assert await store.get_session("busy") is not None

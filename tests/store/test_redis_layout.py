@@ -118,7 +118,7 @@ async def test_the_store_never_scans_the_keyspace(make_store: MakeStore, raw: re
         await s.worker_models()
         await s.instances()
         await s.worker_losses()
-    await store.expire_sessions(100.0)
+    await store.expire_sessions(100.0, 1000)
     await store.clear_worker(B)
     await store.remove_worker(A)
     used = set(raw.info("commandstats"))
@@ -134,7 +134,7 @@ async def test_a_flushed_script_is_loaded_again(server_url: str, prefix: str) ->
         await store.apply(A, Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s")]))
         await store._client.script_flush()
         await store.apply(A, Batch(2, 3.0, [BlocksRemoved([1, 2])]))
-        assert await store.expire_sessions(10.0) == 1
+        assert (await store.expire_sessions(10.0, 1000)).sessions == 1
         assert await store.get_session("s") is None
     finally:
         await store.close()
@@ -153,7 +153,7 @@ async def test_prefixes_keep_fleets_apart(
     await one.remove_worker(A)
     gone = await one.get_session("s")
     assert gone is not None and gone.total_blocks == 0  # kept until it expires
-    assert await one.expire_sessions(2.0) == 1
+    assert (await one.expire_sessions(2.0, 1000)).sessions == 1
     assert raw.keys(f"{prefix}-one*") == []
     view = await two.get_session("s")
     assert view is not None and view.total_blocks == 2

@@ -164,10 +164,11 @@ async def test_two_writers_and_a_reader_match_the_memory_store(
             elif mode == "later":
                 late.append((other, worker, batch))
         elif step[0] == "expire":
-            expected = await ref.expire_sessions(step[1])
+            expected = await ref.expire_sessions(step[1], 1000)
             # Every process runs the janitor; the first to get there expires the sessions.
-            counts = [await s.expire_sessions(step[1]) for s in (*writers, reader)]
-            assert sum(counts) == expected
+            counts = [await s.expire_sessions(step[1], 1000) for s in (*writers, reader)]
+            assert sum(c.sessions for c in counts) == expected.sessions
+            assert sum(c.residencies for c in counts) == expected.residencies
         elif step[0] == "catch_up":
             await catch_up()
         else:
@@ -334,3 +335,46 @@ async def test_redis_errors_propagate_and_the_store_recovers(prefix: str) -> Non
     finally:
         await store.close()
         server.remove()
+
+
+async def test_expiry_goes_through_the_writers_mirror_and_a_replica_leaves_it_blocks(
+    make_store: MakeStore,
+) -> None:
+    """A replica without the worker's mirror drops only idle residencies holding no block;
+    the writer drops the rest through its mirror (version-guarded), which stays exact: its
+    next batches need no reload, and an eviction after the expiry matches the memory store."""
+    writer, replica, reader = await make_store(), await make_store(), await make_store()
+    ref = MemoryStore()
+    loads = 0
+    load = writer._load
+
+    async def counting(w: Any) -> Any:
+        nonlocal loads
+        loads += 1
+        return await load(w)
+
+    writer._load = counting  # type: ignore[method-assign]
+    prompt = [101, 102]
+    stream = [
+        Batch(0, 10.0, [BlocksStored([*prompt, 1], "GPU", 0, "a"),
+                        BlocksStored([*prompt, 2], "GPU", 0, "b"),
+                        BlocksStored([3], "GPU", 0, "empty"), BlocksRemoved([3])]),
+        Batch(1, 50.0, [BlocksStored([*prompt, 4], "GPU", 0, "c")]),
+    ]  # fmt: skip
+    for batch in stream:
+        assert await writer.apply(A, batch) == await ref.apply(A, batch)
+    done = await replica.expire_sessions(20.0, 100)
+    assert (done.residencies, done.sessions) == (1, 1)  # "empty" only
+    done = await writer.expire_sessions(20.0, 100)
+    assert (done.residencies, done.sessions) == (2, 2)  # "a" and "b"; "empty" was gone
+    assert (await ref.expire_sessions(20.0, 100))[:2] == (3, 3)
+    later = [
+        Batch(2, 60.0, [BlocksRemoved([101, 1]), BlocksStored([2, 5], "GPU", 0, "a")]),
+        Batch(3, 61.0, [BlocksStored([3], "GPU", 0, "empty")]),
+    ]
+    for batch in later:
+        assert await writer.apply(A, batch) == await ref.apply(A, batch)
+    assert loads == 1
+    assert await snapshot(reader) == await snapshot(ref)
+    mirror = writer._writers[A].mirror
+    assert mirror is not None and list(mirror.res) == ["c", "a", "empty"]  # last-store order

@@ -12,6 +12,7 @@ from store.memory import MemoryStore
 from store.model import (
     ApplyOutcome,
     Batch,
+    Expired,
     Fence,
     Hash,
     Page,
@@ -130,9 +131,9 @@ class RecordingStore:
             pod, dp_rank=dp_rank, medium=medium, limit=limit, cursor=cursor
         )
 
-    async def expire_sessions(self, older_than: float) -> int:
+    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
         self._check()
-        return await self.inner.expire_sessions(older_than)
+        return await self.inner.expire_sessions(older_than, limit)
 
     async def close(self) -> None:
         await self.inner.close()
