@@ -92,7 +92,10 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         from simulator.fleet import SimulatedFleet  # only the demo needs the simulator
 
         fleet = SimulatedFleet(
-            pods=settings.demo_pods, base_port=settings.demo_base_port, sessions=40
+            pods=settings.demo_pods,
+            base_port=settings.demo_base_port,
+            sessions=40,
+            session_idle=settings.session_idle_seconds,
         )
         await fleet.start()
         specs += [

@@ -6,8 +6,9 @@ drive it synchronously and compare the index against its truth.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hashing import BlockHasher, event_hash_int
 from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -37,8 +38,10 @@ class SimulatedEngine:
         seed: int | str | None = None,
         report_mode_full: bool = True,
         medium: str = "GPU",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`seed` is the PYTHONHASHSEED analogue (None: vLLM's default NONE_HASH).
+        `clock` stamps each session's last store, for `forget_idle`.
 
         `report_mode_full` mirrors kv_cache_report_mode="full": prefix hits are re-announced
         with the requesting session, which is what gives a session its share of a system prompt.
@@ -61,6 +64,9 @@ class SimulatedEngine:
         self._holders: dict[int, set[str]] = {}
         self._lost: dict[str, int] = {}
         self._frontiers: dict[str, tuple[int, int]] = {}
+        # Each session's last store here, oldest first: forget_idle takes from the front.
+        self._stored_at: OrderedDict[str, float] = OrderedDict()
+        self._clock = clock
 
     def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
         """The event hashes this engine gives the full blocks of `token_ids` (vLLM's sha256)."""
@@ -128,6 +134,26 @@ class SimulatedEngine:
         reset takes all it held), from the events alone; sessions that lost none omitted."""
         return {sid: n for sid, n in self._lost.items() if n}
 
+    def forget_idle(self, before: float) -> int:
+        """The index's idle rule, applied to the truth: each session whose last store here
+        was before `before` loses its residency here (its blocks stay in the pool), its loss
+        count and its frontier. Returns how many; the work is what it forgets."""
+        forgotten = 0
+        while self._stored_at:
+            session_id, stored_at = next(iter(self._stored_at.items()))
+            if stored_at >= before:
+                break
+            del self._stored_at[session_id]
+            for block in self._sessions.pop(session_id, ()):
+                holders = self._holders[block]
+                holders.discard(session_id)
+                if not holders:
+                    del self._holders[block]
+            self._lost.pop(session_id, None)
+            self._frontiers.pop(session_id, None)
+            forgotten += 1
+        return forgotten
+
     def session_frontiers(self) -> dict[str, tuple[int, int]]:
         """Per session, the block it stored here last and that block's index in its prompt:
         what the engine knows, not what the events say."""
@@ -190,6 +216,8 @@ class SimulatedEngine:
                 if event.session_id is None:
                     continue
                 self._lost[event.session_id] = 0
+                self._stored_at[event.session_id] = self._clock()
+                self._stored_at.move_to_end(event.session_id)
                 owned = self._sessions.setdefault(event.session_id, set())
                 for block in event.block_hashes:
                     assert isinstance(block, int)

@@ -11,6 +11,7 @@ import contextlib
 import math
 import random
 import string
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -117,10 +118,14 @@ class SimulatedFleet:
         buffer_steps: int = DEFAULT_BUFFER_STEPS,
         workload: AgenticWorkload | None = None,
         context: zmq.asyncio.Context | None = None,
+        session_idle: float | None = None,
     ) -> None:
         """`base_port` None or 0 picks free ports; else pod i uses 2*dp_size ports from
         base_port + 2*dp_size*i: PUB ports first (one per rank), then ROUTER ports.
         `context` None: one of its own, sized for its workers, destroyed by `close`.
+        `session_idle`: the engines forget a session's truth this many seconds after its
+        last store there, as the index's idle rule does (a long-running demo stays bounded);
+        None keeps every session's truth, which tests comparing against it need.
         """
         names = pod_names(pods) if isinstance(pods, int) else list(pods)
         if not names or len(set(names)) != len(names):
@@ -148,6 +153,7 @@ class SimulatedFleet:
         self._block_size = block_size
         self._report_mode_full = report_mode_full
         self._buffer_steps = buffer_steps
+        self._session_idle = session_idle
         self._own_ctx = context is None
         if context is None:
             # libzmq's default context holds 1,023 sockets: 511 publishers.
@@ -422,6 +428,10 @@ class SimulatedFleet:
             stats.batches += 1
             stats.events += len(batch)
         stats.ticks += 1
+        if self._session_idle is not None:
+            idle_since = time.time() - self._session_idle
+            for worker in self._workers.values():
+                worker.engine.forget_idle(idle_since)
         return not ended
 
     def _route_request(self, request: Request) -> tuple[str, int]:

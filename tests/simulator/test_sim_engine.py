@@ -272,3 +272,36 @@ def test_losses_count_since_the_last_store_and_frontiers_place_the_last_block() 
     assert engine.session_losses() == {
         sid: before.get(sid, 0) + held.get(sid, 0) for sid in held.keys() | before.keys()
     }
+
+
+def test_forget_idle_drops_a_session_holding_only_the_shared_prompt_not_its_blocks() -> None:
+    now = [0.0]
+    engine = SimulatedEngine(num_blocks=64, clock=lambda: now[0])
+    prompt = list(range(32))
+    engine.run_request("old", prompt)
+    now[0] = 100.0
+    engine.run_request("new", [*prompt, *range(100, 116)])
+    resident = engine.resident()
+
+    assert engine.forget_idle(before=50.0) == 1
+    assert set(engine.session_residency()) == {"new"}
+    assert engine.resident() == resident, "the pool keeps every block"
+    assert set(engine.session_frontiers()) == {"new"}
+    assert engine.forget_idle(before=50.0) == 0
+    engine.run_request("old", prompt)
+    assert engine.session_residency()["old"] == set(engine.block_hashes(prompt))
+
+
+def test_forget_idle_leaves_no_trace_of_forgotten_sessions() -> None:
+    now = [0.0]
+    engine = SimulatedEngine(num_blocks=8, block_size=BS, clock=lambda: now[0])
+    for turn in range(50):
+        now[0] = float(turn)
+        engine.run_request(f"s{turn}", PROMPT)
+    assert engine.forget_idle(before=49.0) == 49
+    assert set(engine.session_residency()) == {"s49"}
+    for other in range(4):
+        engine.run_request(None, tokens(10 + other, 2 * BS))
+    assert set(engine.resident()).isdisjoint(engine.block_hashes(PROMPT)), "prompt evicted"
+    assert set(engine.session_losses()) == {"s49"}
+    assert engine.session_residency() == {}
