@@ -24,7 +24,7 @@ from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.errors import install_error_handlers
 from api.hints import HintOptions
-from api.reader import IndexReader
+from api.reader import guarded_reader
 from api.routes import health, hints, metrics, pods, route, sessions, watch
 from api.routes.health import ReadinessCheck
 from kvsi.metrics import HTTP_REQUESTS, HTTP_SECONDS
@@ -108,7 +108,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.store = store
-    app.state.reader = IndexReader(store)
+    app.state.reader = guarded_reader(store)
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)

@@ -13,7 +13,7 @@ import asyncio
 
 import structlog
 
-from store.base import IndexStore
+from store.base import IndexReader
 from store.model import DynamoInstance, WorkerKey
 from subscriber.pool import StreamPool
 from subscriber.stream import PublisherSpec
@@ -22,7 +22,7 @@ log = structlog.get_logger(__name__)
 
 
 async def follow_registrations(
-    store: IndexStore, pool: StreamPool, *, topic: str, interval: float
+    store: IndexReader, pool: StreamPool, *, topic: str, interval: float
 ) -> None:
     """Keep the pool's followed streams as the registrations say, until cancelled."""
     followed: dict[WorkerKey, PublisherSpec] = {}

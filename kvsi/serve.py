@@ -23,7 +23,7 @@ from kvsi.dynamo_follow import follow_registrations
 from kvsi.errors import StartupError
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
-from store.base import IndexStore
+from store.base import IndexReader, IndexStore
 from store.model import WorkerKey
 from store.select import StoreURLError, masked, open_store
 from subscriber.pool import StreamPool
@@ -62,7 +62,7 @@ def ingest_options(settings: Settings) -> IngestOptions:
 
 
 def readiness_probe(
-    store: IndexStore, pool: StreamPool | None = None
+    store: IndexReader, pool: StreamPool | None = None
 ) -> Callable[[], Awaitable[list[str]]]:
     """Not ready while the store cannot answer, or while ingest is buffering for it or
     repairing batches a full queue dropped (`StreamPool.readiness_reasons`)."""
@@ -162,7 +162,7 @@ STORE_CHECK_SECONDS = 3.0
 """How long the start-up check waits for the store before saying it is unreachable."""
 
 
-async def warn_if_unreachable(store: IndexStore, url: str) -> None:
+async def warn_if_unreachable(store: IndexReader, url: str) -> None:
     """One warning line at start when the store does not answer; the service starts anyway
     (the API answers 503 and ingest holds its batches until the store is back)."""
     try:
@@ -185,7 +185,7 @@ def _start_discovery(config: DiscoveryConfig, topic: str, pool: StreamPool) -> a
     return asyncio.create_task(run_discovery(config, pool, source, topic=topic), name="discovery")
 
 
-async def run_index_metrics(store: IndexStore, interval: float) -> None:
+async def run_index_metrics(store: IndexReader, interval: float) -> None:
     """Refresh the index size and loss gauges every `interval` seconds until cancelled; a store
     outage keeps the last numbers (kvsi_store_available says why they are old)."""
     while True:

@@ -1,6 +1,9 @@
-"""The store contract: what ingest writes and the API reads, whatever the backend.
+"""The store contract, by role: what ingest writes, what the API reads, Dynamo's registry.
 
-Imports neither zmq nor fastapi. Every backend passes tests/conformance unchanged.
+Imports neither zmq nor fastapi. Every backend passes tests/conformance unchanged and is
+checked by mypy against `IndexStore` where store/select.py opens it; each part of the
+service asks for the narrowest role it uses (streams an `IndexWriter`, routes an
+`IndexReader`, the Dynamo API a reader and a `DynamoRegistry`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from store.model import (
 from store.paging import SessionOrder
 
 
-class IndexStore(Protocol):
-    """Per-worker block entries, per-session residency, fences and worker status."""
+class IndexWriter(Protocol):
+    """Ingest's side: batches applied under each worker's fence, worker status, and the
+    index's own upkeep (the stale policy, idle sessions, gone workers)."""
 
     async def apply(
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
@@ -88,6 +92,27 @@ class IndexStore(Protocol):
     async def remove_worker(self, worker: WorkerKey) -> None:
         """Forget the worker entirely (gone for longer than the grace time)."""
         ...
+
+    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+        """One pass of the idle rule (`store.model.idle`): drop each session residency whose
+        session last stored on its worker before `older_than`, blocks or not; the blocks stay
+        in the worker's index. The change feed reports a dropped residency's blocks as the
+        stale policy's drops are (removed, 0 left, not losses). A session left with no
+        residency, and no younger record of a removed worker, is forgotten.
+
+        Bounded: per worker at most `limit` residencies, least recently stored first (a
+        residency is looked at only if it is dropped), and at most `limit` records of
+        removed workers; `Expired.more` says some were left for the next pass. Never reads
+        every session or scans a keyspace. Cost: O(dropped residencies' blocks + workers).
+        Redis: a worker's residencies holding blocks are dropped only by a process writing
+        that worker (its mirror holds the reverse map: store/README.md "Expiry").
+        """
+        ...
+
+
+class IndexReader(Protocol):
+    """The API's side: sessions, workers, blocks, prefix matches, the change feed and the
+    Dynamo registrations that name workers."""
 
     async def get_session(self, session_id: str) -> SessionView | None:
         """The session's residency on every worker; None for a session never seen.
@@ -179,22 +204,6 @@ class IndexStore(Protocol):
         """
         ...
 
-    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
-        """One pass of the idle rule (`store.model.idle`): drop each session residency whose
-        session last stored on its worker before `older_than`, blocks or not; the blocks stay
-        in the worker's index. The change feed reports a dropped residency's blocks as the
-        stale policy's drops are (removed, 0 left, not losses). A session left with no
-        residency, and no younger record of a removed worker, is forgotten.
-
-        Bounded: per worker at most `limit` residencies, least recently stored first (a
-        residency is looked at only if it is dropped), and at most `limit` records of
-        removed workers; `Expired.more` says some were left for the next pass. Never reads
-        every session or scans a keyspace. Cost: O(dropped residencies' blocks + workers).
-        Redis: a worker's residencies holding blocks are dropped only by a process writing
-        that worker (its mirror holds the reverse map: store/README.md "Expiry").
-        """
-        ...
-
     async def change_feed(self) -> FeedHub:
         """This process's hub of the change feed (residency and worker-state changes).
 
@@ -209,6 +218,20 @@ class IndexStore(Protocol):
         particular order: what a route restricted to one model needs. Cost: O(workers)."""
         ...
 
+    async def instances(self) -> list[DynamoInstance]:
+        """Every Dynamo registration, by instance id then rank.
+
+        A backend may answer from a cache as old as its worker registry's (Redis:
+        `registry_ttl`); this process's own registrations show at once. O(registrations).
+        """
+        ...
+
+
+class DynamoRegistry(Protocol):
+    """Recording Dynamo's registrations: instance ids naming some of the index's workers
+    (not the index itself: no worker, entry or session changes). Reading them is the
+    reader's `instances`."""
+
     async def register_instance(self, instance: DynamoInstance) -> DynamoInstance | None:
         """Record a Dynamo registration unless its (instance_id, dp_rank) is taken.
 
@@ -218,20 +241,16 @@ class IndexStore(Protocol):
         """
         ...
 
-    async def instances(self) -> list[DynamoInstance]:
-        """Every Dynamo registration, by instance id then rank.
-
-        A backend may answer from a cache as old as its worker registry's (Redis:
-        `registry_ttl`); this process's own registrations show at once. O(registrations).
-        """
-        ...
-
     async def unregister_instance(
         self, instance_id: int, dp_rank: int | None
     ) -> list[DynamoInstance]:
         """Forget the instance's registration of `dp_rank` (every rank if None); returns the
         registrations removed. The workers and their indexes stay. O(registrations)."""
         ...
+
+
+class IndexStore(IndexWriter, IndexReader, DynamoRegistry, Protocol):
+    """A backend: every role, and the connections it holds."""
 
     async def close(self) -> None:
         """Release connections."""

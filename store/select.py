@@ -5,19 +5,33 @@ Imports neither zmq nor fastapi; redis only when a Redis URL is given.
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from store.base import IndexStore
 
-BACKENDS = {
-    "memory": "store.memory:MemoryStore",
-    "redis": "store.redis:RedisStore",
-    "rediss": "store.redis:RedisStore",
-    "redis+cluster": "store.redis:RedisStore",
-    "rediss+cluster": "store.redis:RedisStore",
+
+def _memory(url: str) -> IndexStore:
+    from store.memory import MemoryStore
+
+    return MemoryStore()
+
+
+def _redis(url: str) -> IndexStore:
+    from store.redis import RedisStore
+
+    return RedisStore.from_url(url)
+
+
+BACKENDS: dict[str, Callable[[str], IndexStore]] = {
+    "memory": _memory,
+    "redis": _redis,
+    "rediss": _redis,
+    "redis+cluster": _redis,
+    "rediss+cluster": _redis,
 }
-"""URL scheme (or the bare word `memory`) -> `module:class` of the backend."""
+"""URL scheme (or the bare word `memory`) -> the backend's opener, which imports only that
+backend; mypy checks each backend against IndexStore where its opener returns it."""
 
 
 class StoreURLError(ValueError):
@@ -29,21 +43,17 @@ def open_store(url: str) -> IndexStore:
     """A store for `url`; raises StoreURLError listing the valid forms for an unknown one."""
     scheme = url if "://" not in url else urlsplit(url).scheme
     shown = masked(url)
-    target = BACKENDS.get(scheme)
-    if target is None:
+    opener = BACKENDS.get(scheme)
+    if opener is None:
         valid = ", ".join(f"{name}" if name == "memory" else f"{name}://..." for name in BACKENDS)
         raise StoreURLError(f"unknown store {shown!r}; valid: {valid}")
-    module_name, class_name = target.split(":")
     try:
-        module = importlib.import_module(module_name)
+        store = opener(url)
     except ImportError as exc:
         raise StoreURLError(
             f"store {shown!r} needs the Redis client, which is not installed ({exc}): "
             "pip install 'kv-session-index[redis]'"
         ) from exc
-    backend = getattr(module, class_name)
-    try:
-        store: IndexStore = backend() if scheme == "memory" else backend.from_url(url)
     except ValueError as exc:
         raise StoreURLError(str(exc).replace(url, shown)) from exc
     return store

@@ -20,7 +20,7 @@ import hashing
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.dynamo import routes
-from api.dynamo.registry import RegistryDoor
+from api.dynamo.registry import guarded_door
 from api.dynamo.routes import DynamoOptions
 from api.errors import describe_validation_errors
 from store.base import IndexStore
@@ -57,7 +57,7 @@ def create_dynamo_app(
         docs_url="/docs",
         redoc_url=None,
     )
-    app.state.door = RegistryDoor(store)
+    app.state.door = guarded_door(store)
     app.state.dynamo_options = options
     app.state.token_check = TokenCheck(tokens)
     app.add_exception_handler(RequestValidationError, _bad_input)

@@ -14,8 +14,9 @@ from pydantic import Field
 
 from api.hints import HintFormat, HintOptions, SessionHint, best_for_session, hint_for
 from api.params import QueryParams, SessionId, once_each
-from api.reader import IndexReader, get_reader
+from api.reader import get_reader
 from api.schemas import ErrorResponse
+from store.base import IndexReader
 from store.model import WorkerKey, WorkerState
 
 router = APIRouter(prefix="/v1/sessions", tags=["routing"])

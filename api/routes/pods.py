@@ -10,8 +10,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from api.params import PodBlocksQuery, PodName, once_each
-from api.reader import IndexReader, get_reader
+from api.reader import get_reader
 from api.schemas import BlockPage, ErrorResponse, PodList, PodWorker
+from store.base import IndexReader
 from store.model import format_hash
 
 router = APIRouter(prefix="/v1/pods", tags=["pods"])

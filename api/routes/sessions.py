@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from api.params import SessionBlocksQuery, SessionId, SessionListQuery, once_each
-from api.reader import IndexReader, get_reader
+from api.reader import get_reader
 from api.schemas import (
     BlockPage,
     ErrorResponse,
@@ -19,6 +19,7 @@ from api.schemas import (
     SessionSummary,
     json_response,
 )
+from store.base import IndexReader
 from store.model import Frontier, WorkerKey, format_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])

@@ -17,8 +17,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from api.params import POD_PATTERN, SESSION_ID_PATTERN, QueryParams
-from api.reader import IndexReader, get_reader
+from api.reader import get_reader
 from api.schemas import ErrorResponse
+from store.base import IndexReader
 from store.feed import FeedHub, HistoryGone, Overflow, Subscription
 
 router = APIRouter(prefix="/v1", tags=["watch"])
