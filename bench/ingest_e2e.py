@@ -19,9 +19,7 @@ import os
 import re
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ import httpx
 import msgspec
 from ingest_memory import agentic, small_events
 from peers import dynamo_llm, missing_line, peer_version
+from processes import background
 
 from kvsi.logs import configure_logging
 from simulator.fleet import pod_names
@@ -264,22 +263,8 @@ async def publishers(pods: int, batches: int) -> AsyncIterator[list[SimulatedPub
 @contextlib.contextmanager
 def process(argv: list[str], env: dict[str, str]) -> Any:
     """The indexer in a session of its own, its output in a file; stopped after."""
-    log = Path(tempfile.mkstemp(prefix="ingest-e2e-", suffix=".log")[1])
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            argv, env=os.environ | env, stdout=sink, stderr=sink, cwd=REPO,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        yield proc, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.unlink()
+    with background(argv, env, "ingest-e2e-") as running:
+        yield running
 
 
 async def warm_up(

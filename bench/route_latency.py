@@ -23,7 +23,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 import httpx
 import redis
 from ingest_redis import redis_server
+from processes import REPO, background
 
 from kvsi.logs import configure_logging
 from simulator.fleet import FILES_PER_WORKER, SOCKETS_PER_WORKER
@@ -57,7 +57,6 @@ BUILD_SECONDS = 600
 """Longest wait for the service to build the index by replay (or to settle after a point)
 before the run is abandoned."""
 SETTLED_SECONDS = 0.02
-REPO = Path(__file__).resolve().parent.parent
 
 
 def session_hashes(session: int) -> list[int]:
@@ -330,31 +329,12 @@ def service(
     """`kvsi serve` on `port` (with `options`), its log in a file; yields the log's path,
     stops it after.
 
-    In a session of its own, as the loadgen: Linux's autogroup scheduler then shares the
-    cores between the service, the load and the publishers as between containers, instead
-    of lumping the three into one share against every other job on the machine.
+    In a session of its own, as the loadgen (see `processes.background`).
     """
-    log = Path(tempfile.mkstemp(prefix="kvsi-bench-", suffix=".log")[1])
-    env = os.environ | {
-        "KVSI_PUBLISHERS": json.dumps(publishers),
-        "PYTHONPATH": str(REPO),
-    }
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvsi", "serve", "--port", str(port), "--store", store,
-             *options],
-            env=env, stdout=sink, stderr=sink, cwd=REPO, start_new_session=True,
-        )  # fmt: skip
-    try:
+    env = {"KVSI_PUBLISHERS": json.dumps(publishers), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "kvsi", "serve", "--port", str(port), "--store", store]
+    with background([*argv, *options], env, "kvsi-bench-") as (_, log):
         yield log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.unlink()
 
 
 async def run(args: argparse.Namespace, store: str, redis_port: int | None) -> list[dict[str, Any]]:
