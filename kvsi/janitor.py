@@ -72,7 +72,8 @@ def freeze_long_lived() -> None:
     """Collect the young generations, then move every survivor out of the collector's reach.
 
     The memory store holds millions of long-lived containers; each full collection walked
-    them all and stalled the event loop for 100-370 ms (the API's p99; bench/route_latency.py).
+    them all and stalled the event loop for hundreds of milliseconds (the API's p99;
+    bench/route_latency.py).
     Frozen objects are never scanned again. Collecting generations 0 and 1 first frees the
     fresh cyclic garbage (asyncio makes some); done every few seconds, almost nothing reaches
     the old generation unfrozen, so almost nothing leaks.

@@ -52,8 +52,8 @@ def configure_logging(level: str, fmt: str) -> None:
     ]
     structlog.configure(
         # structlog's own events are rendered here and written straight to stderr: the same
-        # lines as through stdlib logging (two LogRecords, the handler, its formatter) at half
-        # the cost, ~25 µs less per line; the API writes one per request.
+        # lines as through stdlib logging (two LogRecords, the handler, its formatter) at about
+        # half the cost; the API writes one per request.
         processors=[*shared, renderer],
         logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),

@@ -96,6 +96,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             base_port=settings.demo_base_port,
             sessions=40,
             session_idle=settings.session_idle_seconds,
+            buffer_steps=DEMO_BUFFER_STEPS,
         )
         await fleet.start()
         specs += [
@@ -157,6 +158,11 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             await fleet.close()
         await store.close()
 
+
+DEMO_BUFFER_STEPS = 1_000
+"""Batches each demo pod keeps for replay: enough to repair a gap, where vLLM's default
+(10,000 batches, each carrying its blocks' token ids) would make a long-running demo's
+memory climb for many minutes before it levels off."""
 
 STORE_CHECK_SECONDS = 3.0
 """How long the start-up check waits for the store before saying it is unreachable."""

@@ -71,8 +71,8 @@ SCAN_CHUNK = 4
 reads: a few ms of Redis each, so the routes' reads interleave."""
 
 LOSS_CHUNK = 1
-"""Workers `worker_losses` sums per round trip: losses.lua holds Redis ~1 ms per 1,000
-residencies, so reads wait behind at most one worker's sum."""
+"""Workers `worker_losses` sums per round trip: losses.lua holds Redis for time in
+proportion to a worker's residencies, so reads wait behind at most one worker's sum."""
 
 Place = tuple[float, str]
 """A session's place in the listing: (-last_seen, session id), ascending."""
@@ -168,8 +168,8 @@ class _ReadConnections:
     the client's command path.
 
     redis-py's command path (pool checkout and release under a lock, per-command timeouts
-    and hooks) cost as much client CPU as the call itself: ~50 µs a call against ~25,
-    measured on the 2-core bench VM, and a route makes two. Held out of the pool, the
+    and hooks) costs more client CPU than the call itself (bench/README.md,
+    route_latency.py), and a route makes two. Held out of the pool, the
     connections count there as in use, so closing the client closes them. Failures are the
     command path's: redis-py drops a connection on any error (a reply left unread by a
     cancelled call included) and connects again on its next call, a connection error is
@@ -384,7 +384,8 @@ class RedisReader:
         self, reads: _ReadConnections, workers: list[WorkerKey], session_id: str
     ) -> tuple[float, list[Located]] | None:
         """`_locate` on a standalone server: locate.lua, one reply for every worker (redis-py
-        costs ~10 µs of client CPU per reply: ~2 ms a lookup over 100 workers, pipelined)."""
+        spends client CPU on every reply it parses: a pipeline of one read per worker cost
+        milliseconds a lookup at 100 workers)."""
         keys = self._locate_keys(workers)
         retired, *hits = await reads.evalsha(self._locate_script, keys, [session_id])
         seen = [-float(retired)] if retired else []
@@ -535,8 +536,9 @@ class RedisReader:
         all), summed here, then the page's global last_seen (ZMSCORE per seen set). Seen sets
         are ordered by time, so no index gives this order: O(residencies) per page, read
         SCAN_CHUNK workers per round trip and decoded a worker at a time with a yield to the
-        event loop between: 100,000 residencies in one pipeline held Redis ~30 ms (and the
-        routes waiting on it), decoded at once they would stall this process's requests."""
+        event loop between: a pipeline of every residency would hold Redis (and the routes
+        waiting on it) for tens of milliseconds at 100,000 residencies, and decoded at once
+        they would stall this process's requests."""
         if cursor is not None:
             decode_session_cursor(cursor, "blocks")  # a bad cursor fails before the reads
         wanted = None if prefix is None else prefix.encode()
@@ -707,7 +709,7 @@ class RedisReader:
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
         """Each registered worker's losses, summed in Redis by losses.lua (HVALS of its
-        residencies, O(residencies) of server time, ~1 ms per 1,000), LOSS_CHUNK workers per
+        residencies, O(residencies) of server time), LOSS_CHUNK workers per
         round trip so reads interleave; for the metrics refresher, never per request. The
         client reads four integers per worker and decodes nothing."""
         workers = await self._known()

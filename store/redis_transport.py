@@ -1,11 +1,12 @@
 """How the Redis store's commands reach Redis: hiredis packing, and a direct path for apply.
 
-Imports neither zmq nor fastapi. Why, measured on the 2-core bench VM with one batch's
-EVALSHA (~300 arguments): redis-py's asyncio `pack_command` is Python that re-joins its
-buffer for every argument, ~150 µs; hiredis (already installed to parse replies) packs it in
-C in ~25 µs. redis-py's command layer (pool checkout, retry wrapper, response callbacks,
-observability hooks) then costs tens of µs more per call than writing the packed bytes on a
-pooled connection, which is what `DirectScript` does for a standalone server.
+Imports neither zmq nor fastapi. Why (figures in bench/README.md, ingest_redis.py): one
+batch's EVALSHA carries hundreds of arguments, and redis-py's asyncio `pack_command` is
+Python that re-joins its buffer for every argument, where hiredis (already installed to
+parse replies) packs them in C several times faster. redis-py's command layer (pool
+checkout, retry wrapper, response callbacks, observability hooks) then costs more per call
+than writing the packed bytes on a pooled connection, which is what `DirectScript` does for
+a standalone server.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ class DirectScript:
     command layer. Calls from concurrent writers (one per worker: each worker's calls are
     serialized by its lock) share one connection, made by the client's pool with its
     options: the calls queued while the event loop runs the other tasks go out in one
-    write, and one reader task hands the replies back in order. Measured with 4 streams: ~7
-    µs of client CPU per call against ~30 with a connection per call (each call one `send`
-    and one `recv`, slow syscalls on the bench VM). Each call is still one EVALSHA, atomic
+    write, and one reader task hands the replies back in order: a fraction of the client
+    CPU per call of a connection per call (each call one `send` and one `recv`, slow
+    syscalls on a VM; bench/README.md). Each call is still one EVALSHA, atomic
     on its own; pipelining only batches the bytes.
 
     Errors: an error reply fails its own call only. A connection error or timeout (the

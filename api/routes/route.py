@@ -192,8 +192,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 @router.post("/route", responses=_ERRORS, description=SCORE_DOC, response_model=RouteResponse)
 async def route(body: RouteRequest, request: Request) -> Response:
     """Rank workers for the next request of a session."""
-    # Taken from the app here, not injected: FastAPI solves a dependency per request (~10 µs)
-    # and runs a plain `def` one (the hint options') in its thread pool (~100 µs).
+    # Taken from the app here, not injected: FastAPI solves a dependency per request and runs
+    # a plain `def` one (the hint options') in its thread pool, a thread hand-off each.
     reader = await get_reader(request)
     hint_options: HintOptions = request.app.state.hint_options
     hashes, computed = _prompt_hashes(body)
