@@ -8,17 +8,17 @@ writes) and no route forgets to turn a store outage into a 503: every call goes 
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+import structlog
 from fastapi import HTTPException, Request
 
 from store.base import IndexReader
 from store.model import InvalidCursorError
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 
 class OutageLog:
@@ -36,12 +36,10 @@ class OutageLog:
             self._held += 1
             return
         log.error(
-            "index store call failed: %s: %s (%s; %d more failed calls since the last line)",
-            type(exc).__name__,
-            exc,
-            method,
-            self._held,
-            extra={"store_method": method, "error": type(exc).__name__},
+            "store.call_failed",
+            error=f"{type(exc).__name__}: {exc}",
+            store_method=method,
+            failed_since_last_line=self._held,
         )
         self._next = now + self._every
         self._held = 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
+import structlog
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -87,7 +87,7 @@ _NO_MIRROR = "-"
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 _RECORDS = msgspec.msgpack.Encoder()
 
@@ -601,4 +601,4 @@ class RedisStore(RedisReader, RedisInstances):
                 async with asyncio.timeout(CLOSE_SECONDS):
                     await step()
             except TimeoutError:
-                log.warning("redis store: closing %s took over %ss; left", name, CLOSE_SECONDS)
+                log.warning("store.close_slow", step=name, seconds=CLOSE_SECONDS, then="left")

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
+import structlog
 from redis.asyncio import Redis, RedisCluster
 
 from store.feed import FeedHub, FeedRecord
 from store.model import WorkerKey
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 POLL_SECONDS = 0.05
 """Pause between polling rounds that found nothing (cluster, or blocking reads off)."""
@@ -118,14 +118,14 @@ class FeedPump:
                 pause = min(BACKOFF_SECONDS[0] * 2 ** (failures - 1), BACKOFF_SECONDS[1])
                 if failures == 1:
                     log.warning(
-                        "change feed: reading the worker streams failed; retrying",
-                        exc_info=exc,
-                        extra={"error": type(exc).__name__},
+                        "feed.read_failed",
+                        error=f"{type(exc).__name__}: {exc}",
+                        then="reading the worker streams again, with backoff",
                     )
                 await asyncio.sleep(pause)
                 continue
             if failures:
-                log.info("change feed: reading the streams again", extra={"failed": failures})
+                log.info("feed.read_again", failed_rounds=failures)
                 failures = 0
             if not more and self._block_ms is None:
                 await asyncio.sleep(POLL_SECONDS)
@@ -180,7 +180,7 @@ class FeedPump:
             try:
                 record = _DECODER.decode(payload)
             except (msgspec.DecodeError, TypeError):
-                log.error("change feed: skipped an unreadable record", extra={"entry": entry_id})
+                log.error("feed.unreadable_record", entry=entry_id, worker=str(worker))
                 continue
             self._hub.deliver(record_id(worker, entry_id), record)
             self.delivered += 1

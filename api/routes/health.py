@@ -7,15 +7,15 @@ example: subscribers connected, store reachable), so this module knows no compon
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from api.schemas import Health, Readiness
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 ReadinessCheck = Callable[[], Awaitable[list[str]]]
 """Returns why the service is not ready; an empty list means ready."""
@@ -54,7 +54,7 @@ async def readyz(request: Request) -> Readiness | JSONResponse:
         except TimeoutError:
             reasons = [f"readiness check timed out after {timeout:g}s"]
         except Exception as exc:
-            log.warning("readiness check failed", exc_info=exc)
+            log.warning("readiness.check_failed", error=f"{type(exc).__name__}: {exc}")
             reasons = [f"readiness check failed: {type(exc).__name__}: {exc}"]
     if reasons:
         body = Readiness(status="not ready", reasons=reasons)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from store.memory import MemoryStore
 from store.model import (
@@ -70,29 +69,25 @@ class DownStore(MemoryStore):
         ("/v1/pods/vllm-0/blocks", "index store unavailable: ConnectionError: Error 111"),
     ],
 )
-async def test_store_failure_is_503_and_logged(
-    caplog: pytest.LogCaptureFixture, url: str, detail: str
-) -> None:
-    caplog.set_level(logging.ERROR, logger="api.reader")
-    async with client_over(DownStore()) as client:
-        body = await get_json(client, url, status=503)
+async def test_store_failure_is_503_and_logged(url: str, detail: str) -> None:
+    with capture_logs() as logged:
+        async with client_over(DownStore()) as client:
+            body = await get_json(client, url, status=503)
 
     assert body["detail"].startswith(detail)
-    [record] = caplog.records
-    assert record.message.startswith("index store call failed: " + detail.split(": ", 1)[1])
-    assert record.exc_info is None, "one line, not a traceback per request"
+    [line] = [e for e in logged if e["event"] == "store.call_failed"]
+    assert line["error"].startswith(detail.split(": ", 1)[1])
+    assert "exc_info" not in line, "one line, not a traceback per request"
 
 
-async def test_an_outage_logs_one_line_for_many_failed_requests(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.ERROR, logger="api.reader")
-    async with client_over(DownStore()) as client:
-        for _ in range(20):
-            await get_json(client, "/v1/pods", status=503)
+async def test_an_outage_logs_one_line_for_many_failed_requests() -> None:
+    with capture_logs() as logged:
+        async with client_over(DownStore()) as client:
+            for _ in range(20):
+                await get_json(client, "/v1/pods", status=503)
 
-    [record] = caplog.records
-    assert "(list_workers; 0 more failed calls since the last line)" in record.message
+    [line] = [e for e in logged if e["event"] == "store.call_failed"]
+    assert (line["store_method"], line["failed_since_last_line"]) == ("list_workers", 0)
 
 
 async def test_session_view_is_503_when_the_worker_states_cannot_be_read() -> None:
@@ -113,11 +108,8 @@ async def test_liveness_does_not_touch_the_store() -> None:
         assert await get_json(client, "/healthz") == {"status": "ok"}
 
 
-async def test_bad_cursor_is_not_logged_as_a_store_failure(
-    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.ERROR, logger="api.reader")
+async def test_bad_cursor_is_not_logged_as_a_store_failure(client: httpx.AsyncClient) -> None:
+    with capture_logs() as logged:
+        await get_json(client, "/v1/sessions?cursor=nope", status=400)
 
-    await get_json(client, "/v1/sessions?cursor=nope", status=400)
-
-    assert caplog.records == []
+    assert [e for e in logged if e["event"] == "store.call_failed"] == []

@@ -146,7 +146,7 @@ async def test_an_unreachable_redis_is_one_warning_at_start_and_503s_one_line_ea
     warnings = [line for line in output.splitlines() if "store.unreachable" in line]
     assert len(warnings) == 1, output
     assert "redis://:***@127.0.0.1" in warnings[0] and "hunter2" not in output, output
-    failures = [line for line in output.splitlines() if "index store call failed" in line]
+    failures = [line for line in output.splitlines() if "store.call_failed" in line]
     assert 1 <= len(failures) < 5, output
     assert "Traceback" not in output, output
 
