@@ -6,6 +6,7 @@ lifecycle (open, close), so one store can be shared with ingest in the same proc
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
@@ -18,6 +19,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
@@ -113,6 +115,7 @@ def create_app(
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)
     app.state.hint_options = hint_options or HintOptions()
+    app.state.stopping = asyncio.Event()
     install_error_handlers(app)
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
     app.add_middleware(RequestMetrics)
@@ -145,6 +148,14 @@ def _serve_dashboard(app: FastAPI) -> None:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+
+def stop_streams(app: Starlette) -> None:
+    """Tell the app's open streams (`/v1/watch`) to end: a graceful shutdown waits for every
+    open response, and a stream has no end of its own. Apps without streams ignore it."""
+    stopping = getattr(app.state, "stopping", None)
+    if stopping is not None:
+        stopping.set()
 
 
 def create_probe_app(

@@ -50,21 +50,14 @@ def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
     """Run `main` until it returns or SIGINT / SIGTERM (Ctrl-C, docker stop, the kubelet)
     arrives. The first signal cancels it inside the event loop, so streams, store and HTTP
     close in order, every worker thread is let go and the exit code is 0, instead of a
-    KeyboardInterrupt landing wherever the loop happens to be. Signals during that shutdown
-    are ignored: a second cancel would cut the cleanup short (the kubelet's SIGKILL after
-    the grace period is the hard stop)."""
+    KeyboardInterrupt landing wherever the loop happens to be. A second signal during that
+    shutdown cancels again, cutting the cleanup short (an operator's second Ctrl-C)."""
 
     async def until_signalled() -> None:
         loop = asyncio.get_running_loop()
         task = loop.create_task(main, name="main")
-
-        def stop() -> None:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, lambda: None)
-            task.cancel()
-
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop)
+            loop.add_signal_handler(signum, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

@@ -15,7 +15,7 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from api.app import create_app, create_probe_app
+from api.app import create_app, create_probe_app, stop_streams
 from api.dynamo import DynamoOptions, create_dynamo_app
 from api.hints import HintOptions
 from kvsi import metrics
@@ -158,6 +158,10 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             await fleet.close()
         await store.close()
 
+
+HTTP_GRACE_SECONDS = 3
+"""How long a stopping HTTP server waits for requests still in flight before it cancels
+them: well inside Kubernetes' 30 s grace period, longer than any request but a stream."""
 
 DEMO_BUFFER_STEPS = 1_000
 """Batches each demo pod keeps for replay: enough to repair a gap, where vLLM's default
@@ -329,7 +333,13 @@ async def _serve_http(
 ) -> None:
     # Requests are logged by the app's RequestMetrics (with route, session, pod), not uvicorn.
     config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, lifespan="on", access_log=False
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=HTTP_GRACE_SECONDS,
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve(sockets=[listen(host, port)]), name="http")
@@ -345,5 +355,6 @@ async def _serve_http(
         await asyncio.wait([serving])
         serving.result()
     finally:
+        stop_streams(app)
         server.should_exit = True
         await asyncio.wait([serving])

@@ -29,6 +29,10 @@ Reader = Annotated[IndexReader, Depends(get_reader)]
 KEEPALIVE_SECONDS = 15.0
 """A comment line this often keeps proxies from closing an idle stream."""
 
+STOP_CHECK_SECONDS = 0.5
+"""How often an idle stream looks whether the service is stopping (`api.app.stop_streams`):
+a graceful shutdown waits for open streams, so they end on their own."""
+
 MAX_FILTER = 1_000
 
 
@@ -97,22 +101,28 @@ async def watch(
 async def _events(
     request: Request, hub: FeedHub, sub: Subscription, first: bytes | None
 ) -> AsyncIterator[bytes]:
+    stopping: asyncio.Event = request.app.state.stopping
+    idle = 0.0
     try:
         if first is not None:
             yield first
         yield b": watching\n\n"
-        while True:
+        while not stopping.is_set():
             try:
-                entry = await asyncio.wait_for(sub.next(), KEEPALIVE_SECONDS)
+                entry = await asyncio.wait_for(sub.next(), STOP_CHECK_SECONDS)
             except TimeoutError:
-                if await request.is_disconnected():
-                    return
-                yield b": keepalive\n\n"
+                idle += STOP_CHECK_SECONDS
+                if idle >= KEEPALIVE_SECONDS:
+                    if await request.is_disconnected():
+                        return
+                    idle = 0.0
+                    yield b": keepalive\n\n"
                 continue
             except Overflow:
                 detail = f"client fell more than {hub.queue_size} events behind; reconnect"
                 yield sse("overflow", msgspec.json.encode({"detail": detail}))
                 return
+            idle = 0.0
             kind = "residency" if entry.change.__struct_config__.tag == "residency" else "worker"
             yield sse(kind, msgspec.json.encode(entry.change), entry.id)
     finally:

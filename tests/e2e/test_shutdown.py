@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -93,12 +94,29 @@ async def test_sigterm_after_traffic_exits_zero_within_5_s(
     store: str, extra: list[str], env: dict[str, str], request: pytest.FixtureRequest
 ) -> None:
     url = request.getfixturevalue("redis_url") if store == "redis" else "memory"
+    token = TOKEN if "KVSI_API_TOKENS" in env else None
     async with services() as running:
         service = running.start("kvsi", url, None, *extra, env=env)
         base = await service.serving()
-        await traffic(base, TOKEN if "KVSI_API_TOKENS" in env else None)
-        code, output = stopped_by_sigterm(service)
+        await traffic(base, token)
+        async with watching(base, token):
+            code, output = stopped_by_sigterm(service)
     assert_clean(code, output)
+
+
+@asynccontextmanager
+async def watching(base: str, token: str | None) -> AsyncIterator[None]:
+    """A `/v1/watch` stream held open, as the dashboard and routers keep one: a graceful
+    shutdown must not wait for its client to leave."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx.AsyncClient(base_url=base, headers=headers, timeout=None) as client,
+        client.stream("GET", "/v1/watch") as stream,
+    ):
+        assert stream.status_code == 200
+        first = await anext(stream.aiter_lines())
+        assert first == ": watching"
+        yield
 
 
 async def test_sigterm_stops_an_ingest_only_sidecar_after_scrapes(redis_url: str) -> None:
