@@ -208,44 +208,59 @@ def serve_overrides(
 
 @app.command()
 def simulate(
-    pods: Annotated[int, typer.Option(help="Simulated pods.")] = 3,
-    base_port: Annotated[int, typer.Option(help="PUB port of the first pod.")] = 5557,
-    rate: Annotated[float, typer.Option(help="Batches per second per pod.")] = 20.0,
-    sessions: Annotated[int, typer.Option(help="Concurrent sessions per pod.")] = 50,
+    pods: Annotated[int, typer.Option(min=1, max=1024, help="Simulated pods.")] = 3,
+    base_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="PUB port of the first pod (0: free ports).")
+    ] = 5557,
+    rate: Annotated[
+        float, typer.Option(min=0, help="Batches per second per pod (0: as fast as it can).")
+    ] = 20.0,
+    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions per pod.")] = 50,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     host: Annotated[
         str, typer.Option(help="Address the pods bind (0.0.0.0 to be reached from elsewhere).")
     ] = "127.0.0.1",
     duration: Annotated[
-        float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")
+        float | None, typer.Option(min=0, help="Seconds to run (default: until Ctrl-C).")
     ] = None,
 ) -> None:
     """Publish vLLM 0.33 KV events from simulated pods (no GPU needed)."""
     with startup_errors():
         configure_logging("info", "console")
+        from simulator.fleet import FleetBindError
         from simulator.fleet import simulate as run_fleet
 
-        run_until_signalled(
-            run_fleet(
-                pods=pods,
-                base_port=base_port,
-                rate=rate,
-                sessions=sessions,
-                seed=seed,
-                duration=duration,
-                host=host,
+        if base_port and base_port + 2 * pods - 1 > 65535:
+            raise StartupError(
+                f"--base-port {base_port}: {pods} pods need ports up to {base_port + 2 * pods - 1}"
             )
-        )
+
+        try:
+            run_until_signalled(
+                run_fleet(
+                    pods=pods,
+                    base_port=base_port,
+                    rate=rate,
+                    sessions=sessions,
+                    seed=seed,
+                    duration=duration,
+                    host=host,
+                )
+            )
+        except FleetBindError as exc:
+            raise StartupError(str(exc)) from exc
 
 
 @app.command()
 def tail(
     endpoint: Annotated[str, typer.Argument(help="Publisher endpoint, e.g. tcp://host:5557.")],
     topic: Annotated[str, typer.Option(help="Topic prefix filter.")] = "",
-    count: Annotated[int | None, typer.Option(help="Stop after this many messages.")] = None,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many messages.")] = None,
     quiet_notice: Annotated[
         float,
-        typer.Option(help="Say so on stderr after this many seconds with nothing received."),
+        typer.Option(
+            min=0.1, help="Say so on stderr after this many seconds with nothing received."
+        ),
     ] = 10.0,
 ) -> None:
     """Print a publisher's decoded events, one line each."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 from kvsi import metrics
+from kvsi.errors import StartupError
 from kvsi.settings import DiscoveryConfig
 from store.model import WorkerKey, WorkerState, WorkerStatus
 from subscriber.pool import StreamPool
@@ -198,11 +199,22 @@ class FleetPlanner:
 
 def open_kube_client(config: DiscoveryConfig) -> AsyncClient:
     """A client configured like kubectl would be: in a cluster, the pod's service account;
-    elsewhere KUBECONFIG or ~/.kube/config. Raises if lightkube or a configuration is
-    missing, so a misconfigured central mode fails at start, not silently."""
-    from lightkube import AsyncClient
-
-    return AsyncClient(namespace=config.namespace)
+    elsewhere KUBECONFIG or ~/.kube/config. A StartupError if lightkube or a configuration
+    is missing, so a misconfigured central mode fails at start with one line."""
+    try:
+        from lightkube import AsyncClient
+        from lightkube.core.exceptions import ConfigError
+    except ImportError as exc:
+        raise StartupError(
+            f"--discover needs the Kubernetes client ({exc}): pip install 'kv-session-index[k8s]'"
+        ) from exc
+    try:
+        return AsyncClient(namespace=config.namespace)
+    except ConfigError as exc:
+        raise StartupError(
+            f"--discover needs a Kubernetes configuration: {exc} (in a cluster, the pod's "
+            "service account; elsewhere KUBECONFIG or ~/.kube/config)"
+        ) from exc
 
 
 def pod_info(pod: Pod) -> PodInfo:

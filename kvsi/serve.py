@@ -89,7 +89,8 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     tasks: list[asyncio.Task[Any]] = []
     fleet = None
     if settings.demo:
-        from simulator.fleet import SimulatedFleet  # only the demo needs the simulator
+        # Only the demo needs the simulator.
+        from simulator.fleet import FleetBindError, SimulatedFleet
 
         fleet = SimulatedFleet(
             pods=settings.demo_pods,
@@ -98,7 +99,10 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
             session_idle=settings.session_idle_seconds,
             buffer_steps=DEMO_BUFFER_STEPS,
         )
-        await fleet.start()
+        try:
+            await fleet.start()
+        except FleetBindError as exc:
+            raise StartupError(f"the demo's {exc}") from exc
         specs += [
             PublisherSpec(pod=pod, endpoint=pub, replay_endpoint=replay, topic=settings.topic)
             for pod, pub, replay in fleet.endpoints()

@@ -244,6 +244,13 @@ class Settings(BaseSettings):
     """First loopback port of the demo fleet (0: pick free ports)."""
 
     @model_validator(mode="after")
+    def _demo_ports_fit(self) -> Settings:
+        last = self.demo_base_port + 2 * self.demo_pods - 1
+        if self.demo_base_port and last > 65535:
+            raise ValueError(f"demo_base_port: {self.demo_pods} demo pods need ports up to {last}")
+        return self
+
+    @model_validator(mode="after")
     def _discovery_needs_ingest(self) -> Settings:
         if self.discovery is not None and not self.ingest:
             raise ValueError("discovery (central mode) subscribes to pods: it needs ingest on")

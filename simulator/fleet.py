@@ -520,7 +520,13 @@ class SimulatedFleet:
                     endpoint = f"tcp://{self.host}:{first + rank}"
                     replay = f"tcp://{self.host}:{first + self.dp_size + rank}"
                 publisher = self._publisher(pod, rank, endpoint, replay)
-                await publisher.start(bind_timeout=bind_timeout)
+                try:
+                    await publisher.start(bind_timeout=bind_timeout)
+                except zmq.ZMQError as exc:
+                    raise FleetBindError(
+                        f"simulated pod {pod}/{rank} cannot bind {endpoint} and {replay}: "
+                        f"{exc.strerror}"
+                    ) from exc
                 engine = self._new_engine()
                 started.append(_Worker(pod, rank, engine, publisher))
         except BaseException:
@@ -531,6 +537,10 @@ class SimulatedFleet:
             key = (worker.pod, worker.dp_rank)
             self._workers[key] = worker
             self._order.append(key)
+
+
+class FleetBindError(RuntimeError):
+    """A simulated pod could not bind its ports (taken, or not an address of this host)."""
 
 
 def _advertised(endpoint: str) -> str:
@@ -579,6 +589,7 @@ async def simulate(
 
 
 __all__ = [
+    "FleetBindError",
     "FleetStats",
     "SimulatedFleet",
     "WorkerEndpoints",

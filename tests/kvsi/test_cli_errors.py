@@ -93,6 +93,12 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("discover-no-value", ["serve", "--discover", "app"], {}, "expected KEY=VALUE"),
     ("config-missing", ["serve", "--config", "/nonexistent.toml"], {}, "does not exist"),
     ("tail-not-a-url", ["tail", "notaurl"], {}, "endpoint 'notaurl' must start with tcp://"),
+    (
+        "discover-outside-a-cluster",
+        ["serve", "--discover", "app=vllm"],
+        {"KUBECONFIG": "/nonexistent/kubeconfig"},
+        "--discover needs a Kubernetes configuration",
+    ),
 ]
 
 
@@ -100,7 +106,46 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
 def test_a_mistake_is_one_line_and_exit_code_2(
     argv: list[str], env: dict[str, str], says: str
 ) -> None:
+    if argv[0] == "serve" and "--port" not in argv:
+        argv = [*argv, "--port", "0"]  # a case that regressed into serving binds no fixed port
     assert_one_line(run([*KVSI, *argv], env), says)
+
+
+USAGE: list[tuple[str, list[str], str]] = [
+    # Typer's own checks of option values: one line naming the option, exit code 2.
+    ("simulate-no-pods", ["simulate", "--pods", "0"], "Invalid value for '--pods'"),
+    ("simulate-no-sessions", ["simulate", "--sessions", "0"], "Invalid value for '--sessions'"),
+    ("simulate-port-range", ["simulate", "--base-port", "99999"], "'--base-port'"),
+    ("simulate-negative-rate", ["simulate", "--rate", "-1"], "Invalid value for '--rate'"),
+    ("tail-quiet-zero", ["tail", "tcp://127.0.0.1:1", "--quiet-notice", "0"], "--quiet-notice"),
+    ("tail-count-negative", ["tail", "tcp://127.0.0.1:1", "--count", "-1"], "'--count'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), [c[1:] for c in USAGE], ids=[c[0] for c in USAGE])
+def test_an_option_out_of_range_is_a_usage_error(argv: list[str], says: str) -> None:
+    result = run([*KVSI, *argv])
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and says in result.stderr, result.stderr
+
+
+def test_simulated_pods_past_the_last_port_are_one_line() -> None:
+    result = run([*KVSI, "simulate", "--base-port", "65534", "--duration", "1"])
+    assert_one_line(result, "--base-port 65534: 3 pods need ports up to 65539")
+
+
+@pytest.mark.parametrize("command", ["simulate", "demo"])
+def test_simulated_pods_on_a_port_in_use_are_one_line(command: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if command == "simulate":
+            result = run([*KVSI, "simulate", "--base-port", str(port), "--duration", "1"])
+        else:
+            env = {"KVSI_DEMO_BASE_PORT": str(port)}
+            result = run([*KVSI, "serve", "--demo", "--port", "0"], env)
+    assert_one_line(result, f"cannot bind tcp://127.0.0.1:{port}")
 
 
 def test_bad_toml_is_one_line(tmp_path: Path) -> None:
