@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import structlog
 import typer
 
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
-from kvsi.settings import load_settings
+from kvsi.settings import load_settings, unknown_variables
 
 app = typer.Typer(
     help="Per-session index of vLLM KV-cache blocks.",
@@ -169,6 +171,7 @@ def serve(
             ),
         )
         configure_logging(settings.log_level, settings.log_format)
+        warn_unknown_variables()
         from kvsi.serve import run_service
 
         def announce(url: str) -> None:
@@ -182,6 +185,18 @@ def serve(
                 typer.echo(f"  metrics:   {url}/metrics")
 
         run_until_signalled(run_service(settings, on_ready=announce))
+
+
+def warn_unknown_variables() -> None:
+    """One warning line naming the `KVSI_*` variables that set nothing (a typo keeps the
+    default in place silently otherwise)."""
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        structlog.get_logger(__name__).warning(
+            "settings.unknown_variables",
+            ignored=unknown,
+            hint="KVSI_ + a setting's name in capitals, nested with __ (README: Configuration)",
+        )
 
 
 def serve_overrides(

@@ -7,6 +7,7 @@ endpoint) and what is wrong with it, so nobody has to read a traceback to find a
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,15 +21,21 @@ class StartupError(Exception):
 _ENV_FIELD = re.compile(r'error parsing value for field "(?P<field>[^"]+)" from source')
 
 
-def describe_validation(exc: ValidationError) -> str:
-    """Every problem of a settings validation as `setting NAME: reason (got VALUE)`, joined."""
-    return "; ".join(_describe_one(error) for error in exc.errors())
+def describe_validation(
+    exc: ValidationError, names: Callable[[Sequence[str | int]], list[str] | None]
+) -> str:
+    """Every problem of a settings validation as `setting NAME: reason (got VALUE)`, joined;
+    an unknown name is told with the names valid there (`names(path)`)."""
+    return "; ".join(_describe_one(error, names) for error in exc.errors())
 
 
-def _describe_one(error: Any) -> str:
+def _describe_one(error: Any, names: Callable[[Sequence[str | int]], list[str] | None]) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "settings"
     reason = str(error["msg"]).removeprefix("Value error, ")
-    if error["type"] in {"missing", "extra_forbidden"}:
+    if error["type"] == "extra_forbidden":
+        valid = names(error["loc"][:-1]) or []
+        return f"setting {where}: unknown; valid here: {', '.join(valid)}"
+    if error["type"] == "missing":
         return f"setting {where}: {reason.lower()}"
     return f"setting {where}: {reason} (got {_shown(error.get('input'))})"
 
@@ -38,14 +45,16 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def describe_settings_error(exc: SettingsError) -> str:
-    """A KVSI_* variable pydantic-settings could not parse (lists and tables are JSON)."""
+def describe_settings_error(exc: SettingsError, environ: Iterable[str]) -> str:
+    """A KVSI_* variable pydantic-settings could not parse (lists and tables are JSON),
+    named as it is set in `environ` (a nested one: `KVSI_DISCOVERY__LABELS`)."""
     found = _ENV_FIELD.search(str(exc))
     if found is None:
         return str(exc)
-    name = f"KVSI_{found['field'].upper()}"
+    prefix = f"KVSI_{found['field'].upper()}"
+    names = sorted(n for n in environ if n == prefix or n.startswith(f"{prefix}__")) or [prefix]
     cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
     return (
-        f"environment variable {name} is not valid JSON{cause}: lists and tables are "
-        f'written as JSON, e.g. {name}=\'["a", "b"]\''
+        f"environment variable {' or '.join(names)} is not valid JSON{cause}: lists and "
+        f'tables are written as JSON, e.g. \'["a", "b"]\' or \'{{"key": "value"}}\''
     )

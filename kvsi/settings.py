@@ -5,13 +5,23 @@ Imports pydantic only. Precedence: CLI flags > environment > config file > defau
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from string import Formatter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field, FilePath, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,6 +35,8 @@ from kvsi.errors import StartupError, describe_settings_error, describe_validati
 
 class PublisherConfig(BaseModel):
     """One vLLM KV-event publisher (one pod, one data-parallel rank)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     pod: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
     """Pod name (a Kubernetes name, as the API accepts); the worker is (pod, the batch's rank)."""
@@ -55,6 +67,8 @@ class DiscoveryConfig(BaseModel):
     `kv-session-index/dp-size` override the defaults below for that pod.
     """
 
+    model_config = ConfigDict(extra="forbid")
+
     labels: dict[str, str] = Field(min_length=1)
     """Label selector (every pair must match), e.g. {"app.kubernetes.io/name": "vllm"}."""
     namespace: str | None = None
@@ -74,6 +88,8 @@ class DiscoveryConfig(BaseModel):
 class DynamoConfig(BaseModel):
     """Dynamo's standalone KV indexer API (`dynamo_api`): where it is served, how `/query`
     hashes token ids, how much `/dump` returns. docs/routers/dynamo.md has the rest."""
+
+    model_config = ConfigDict(extra="forbid")
 
     prefix: str = Field(default="/dynamo", pattern=r"^(/[A-Za-z0-9._~-]+)+$")
     """Path the API is mounted at on the main port: `<prefix>/query_by_hash`, ..."""
@@ -105,6 +121,8 @@ HEADER_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 class LlmDConfig(BaseModel):
     """The session hint llm-d's endpoint picker reads (`GET /v1/sessions/{id}/hint`, and
     `/v1/route` with `hint`): how a kvsi worker is named there. docs/routers/llm-d.md."""
+
+    model_config = ConfigDict(extra="forbid")
 
     namespace: str = Field(default="default", max_length=63, pattern=K8S_LABEL)
     """Namespace of the vLLM pods (their InferencePool's): the token names `<namespace>/...`."""
@@ -257,6 +275,47 @@ class Settings(BaseSettings):
         return self
 
 
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """The `KVSI_*` names among `names` that set no setting: pydantic-settings ignores them,
+    so a typo (`KVSI_STROE`) would silently leave the default in place."""
+    unknown = []
+    for name in names:
+        if not name.startswith("KVSI_"):
+            continue
+        *table, leaf = name.removeprefix("KVSI_").lower().split("__")
+        valid = setting_names(table)
+        if valid is None or leaf not in valid:
+            unknown.append(name)
+    return unknown
+
+
+def setting_names(path: Sequence[str | int]) -> list[str] | None:
+    """The names the settings take at `path` (`[]`: the top level; `["publishers", 0]`: a
+    publisher's), or None where no table is."""
+    model: Any = Settings
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _model_of(field.annotation)
+        if model is None:
+            return None
+    return sorted(model.model_fields)
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model a setting holds (`DiscoveryConfig | None`, `list[PublisherConfig]`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_of(argument)
+        if found is not None:
+            return found
+    return None
+
+
 def bearer_tokens(settings: Settings) -> list[str]:
     """Every configured token: the setting's plus the file's (blank and # lines skipped)."""
     tokens = list(settings.api_tokens)
@@ -293,7 +352,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             return sources
 
     if config_file is not None and not config_file.is_file():
-        raise StartupError(f"config file {config_file} does not exist")
+        problem = "is not a file" if config_file.exists() else "does not exist"
+        raise StartupError(f"config file {config_file} {problem}")
     try:
         loaded = _WithFile(**overrides)
         settings = Settings.model_validate(loaded.model_dump())
@@ -301,7 +361,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     except tomllib.TOMLDecodeError as exc:
         raise StartupError(f"config file {config_file} is not valid TOML: {exc}") from exc
     except SettingsError as exc:
-        raise StartupError(describe_settings_error(exc)) from exc
+        raise StartupError(describe_settings_error(exc, os.environ)) from exc
     except ValidationError as exc:
-        raise StartupError(describe_validation(exc)) from exc
+        raise StartupError(describe_validation(exc, setting_names)) from exc
     return settings

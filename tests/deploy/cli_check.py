@@ -50,27 +50,3 @@ def run_kvsi(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPat
     assert result.exit_code == 0, f"kvsi {' '.join(argv)}: {result.output}{result.exception!r}"
     assert parsed.settings is not None or parsed.simulate is not None, argv
     return parsed
-
-
-def unknown_variables(names: list[str]) -> list[str]:
-    """The KVSI_* names that set no setting (pydantic-settings ignores them silently)."""
-    unknown = []
-    for name in names:
-        if not name.startswith("KVSI_"):
-            continue
-        model: Any = Settings
-        for part in name.removeprefix("KVSI_").lower().split("__"):
-            field = model.model_fields.get(part) if model is not None else None
-            if field is None:
-                unknown.append(name)
-                break
-            model = _model_of(field.annotation)
-    return unknown
-
-
-def _model_of(annotation: Any) -> Any:
-    """The pydantic model a nested setting holds (`DiscoveryConfig | None`), else None."""
-    for candidate in (annotation, *getattr(annotation, "__args__", ())):
-        if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
-            return candidate
-    return None

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvsi.settings import Settings
-from tests.deploy.cli_check import run_kvsi, unknown_variables
+from kvsi.settings import Settings, unknown_variables
+from tests.deploy.cli_check import run_kvsi
 from tests.deploy.paths import ROOT, tool
 
 COMPOSE = ROOT / "docker-compose.yml"

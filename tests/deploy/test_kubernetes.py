@@ -8,8 +8,8 @@ from __future__ import annotations
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from kvsi.settings import Settings
-from tests.deploy.cli_check import run_kvsi, unknown_variables
+from kvsi.settings import Settings, unknown_variables
+from tests.deploy.cli_check import run_kvsi
 from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,

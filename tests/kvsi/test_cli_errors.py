@@ -51,6 +51,7 @@ def bad_toml(tmp: Path) -> str:
 CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     # (id, argv after `kvsi`, environment, what the one line must say)
     ("tokens-not-json", ["serve"], {"KVSI_API_TOKENS": "plain"}, "KVSI_API_TOKENS is not valid"),
+    ("config-not-a-file", ["serve", "--config", "/dev/null"], {}, "config file /dev/null is not"),
     (
         "tokens-file-missing",
         ["serve"],
@@ -92,6 +93,20 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("port-out-of-range", ["serve", "--port", "99999"], {}, "setting port: Input should be less"),
     ("discover-no-value", ["serve", "--discover", "app"], {}, "expected KEY=VALUE"),
     ("config-missing", ["serve", "--config", "/nonexistent.toml"], {}, "does not exist"),
+    ("config-a-directory", ["serve", "--config", "/"], {}, "config file / is not a file"),
+    (
+        "config-unknown-key-nested",
+        ["serve"],
+        {"KVSI_PUBLISHERS": '[{"pod": "a", "endpoint": "tcp://127.0.0.1:1", "replay": "x"}]'},
+        "setting publishers.0.replay: unknown; valid here: dp_rank, endpoint, model, pod, "
+        "replay_endpoint, topic",
+    ),
+    (
+        "nested-variable-not-json",
+        ["serve"],
+        {"KVSI_DISCOVERY__LABELS": "bad"},
+        "environment variable KVSI_DISCOVERY__LABELS is not valid JSON",
+    ),
     ("tail-not-a-url", ["tail", "notaurl"], {}, "endpoint 'notaurl' must start with tcp://"),
     (
         "discover-outside-a-cluster",
@@ -152,6 +167,23 @@ def test_bad_toml_is_one_line(tmp_path: Path) -> None:
     assert_one_line(
         run([*KVSI, "serve", "--config", bad_toml(tmp_path)]), "is not valid TOML: Invalid value"
     )
+
+
+def test_an_unknown_name_in_the_config_file_lists_the_valid_ones(tmp_path: Path) -> None:
+    config = tmp_path / "kvsi.toml"
+    config.write_text('prot = 8000\n[dynamo]\nprefixx = "/x"\n')
+    result = run([*KVSI, "serve", "--config", str(config)])
+    assert_one_line(result, "setting prot: unknown; valid here: api, api_tokens,")
+    assert "setting dynamo.prefixx: unknown; valid here: dump_limit," in result.stderr
+
+
+async def test_an_unknown_kvsi_variable_is_one_warning_at_start() -> None:
+    async with services() as running:
+        service = running.start("kvsi", "memory", None, env={"KVSI_STROE": "redis://x"})
+        await service.serving()
+        output = service.output()
+    [line] = [line for line in output.splitlines() if "settings.unknown_variables" in line]
+    assert "KVSI_STROE" in line
 
 
 def test_a_port_in_use_is_one_line() -> None:
