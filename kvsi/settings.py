@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from kvsi.errors import StartupError, describe_settings_error, describe_validation
+from store.endpoints import zmq_endpoint
 
 
 class PublisherConfig(BaseModel):
@@ -55,9 +56,7 @@ class PublisherConfig(BaseModel):
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
     def _zmq_endpoint(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"endpoint {value!r} must start with tcp://, ipc:// or inproc://")
-        return value
+        return None if value is None else zmq_endpoint(value)
 
 
 class DiscoveryConfig(BaseModel):

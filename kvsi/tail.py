@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 
 from kvsi.errors import StartupError
+from store.endpoints import zmq_endpoint
 from store.model import format_hash
 from subscriber import wire
 from subscriber.decode import wire_decoder
@@ -41,8 +42,10 @@ async def tail(
 ) -> None:
     """Print events from `endpoint` until `count` messages (or forever); after every
     `quiet_notice` seconds with nothing received, say so through `notice`."""
-    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-        raise StartupError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
+    try:
+        zmq_endpoint(endpoint)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)

@@ -43,6 +43,9 @@ class ResourceReason(enum.StrEnum):
     """ENFILE: the host ran out of file descriptors."""
     OUT_OF_MEMORY = "out_of_memory"
     """ENOMEM or ENOBUFS."""
+    BAD_ENDPOINT = "bad_endpoint"
+    """EINVAL: libzmq refuses the endpoint itself; no resource would help (the settings and
+    the Dynamo API check endpoints first, so this is what slips past them)."""
     SOCKET_ERROR = "socket_error"
     """Any other error of socket creation or connect (the message says which)."""
 
@@ -52,6 +55,7 @@ _REASONS = {
     errno.ENFILE: ResourceReason.SYSTEM_FILE_TABLE_FULL,
     errno.ENOMEM: ResourceReason.OUT_OF_MEMORY,
     errno.ENOBUFS: ResourceReason.OUT_OF_MEMORY,
+    errno.EINVAL: ResourceReason.BAD_ENDPOINT,
 }
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, Field, Strict, field_validator
 
 from api.params import POD_PATTERN, BodyModel, QueryParams
+from store.endpoints import zmq_endpoint
 
 DEFAULT_ROUTING_GROUP = "default"
 
@@ -24,7 +25,6 @@ MAX_ENDPOINT = 1_024
 MAX_INSTANCE_ID = 2**64 - 1
 MAX_DP_RANK = 1_023
 
-ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 SignedHash = Annotated[int, Strict(), Field(ge=-(2**63), le=2**64 - 1)]
 """A block hash as Dynamo takes it, a signed 64-bit int; its unsigned form is accepted too."""
@@ -44,9 +44,7 @@ class _Body(BodyModel):
 
 
 def _zmq_endpoint(value: str | None) -> str | None:
-    if value is not None and not value.startswith(ZMQ_SCHEMES):
-        raise ValueError(f"endpoint {value!r} must start with tcp://, ipc:// or inproc://")
-    return value
+    return None if value is None else zmq_endpoint(value)
 
 
 class QueryByHashRequest(_Body):

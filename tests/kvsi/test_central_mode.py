@@ -87,5 +87,6 @@ def test_central_mode_without_a_cluster_to_ask_refuses_to_start(tmp_path: Path) 
         env=env,
         timeout=60,
     )
-    assert result.returncode != 0
-    assert "ConfigError" in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "kvsi: error: --discover needs a Kubernetes configuration" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
