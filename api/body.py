@@ -8,6 +8,8 @@ received pass it. FastAPI's own `max_body_size` is not used: it answers its own 
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,7 +39,10 @@ class RequestBodies:
     the examples' way of posting, sends `application/x-www-form-urlencoded`, and a body
     without a type is not parsed either. No route here takes a form, so the declared type
     is overridden: a JSON body is accepted as sent, and a body that is not JSON is a 400
-    saying so (not one about its Content-Type).
+    saying so (not one about its Content-Type). Except across sites: a web page may POST a
+    `text/plain` body anywhere without asking first (no CORS preflight), so a cross-site
+    request (`Sec-Fetch-Site: cross-site`, or an `Origin` other than the `Host`) without a
+    JSON type is a 415, and an open API cannot be driven from a browser tab.
     """
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
@@ -49,12 +54,15 @@ class RequestBodies:
             await self.app(scope, receive, send)
             return
         declared, media = _length_and_type(scope["headers"])
+        bounded = _bounded(receive, declared or 0, self.max_bytes)
         if scope["method"] in _BODY_METHODS and not _keeps(media):
+            if _cross_site(scope["headers"]):
+                bounded = _refused(_CROSS_SITE)
             # In place: the outer middleware reads what routing writes into this scope.
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != _TYPE] + [
                 (_TYPE, b"application/json")
             ]
-        await self.app(scope, _bounded(receive, declared or 0, self.max_bytes), send)
+        await self.app(scope, bounded, send)
 
 
 def _bounded(receive: Receive, declared: int, max_bytes: int) -> Receive:
@@ -73,6 +81,34 @@ def _bounded(receive: Receive, declared: int, max_bytes: int) -> Receive:
         return message
 
     return bounded
+
+
+_CROSS_SITE = HTTPException(
+    status_code=415,
+    detail="body: a cross-site request must send Content-Type: application/json",
+)
+
+
+def _refused(error: HTTPException) -> Receive:
+    """A `receive` that raises `error` when the route reads the body."""
+
+    async def refused() -> Message:
+        raise error
+
+    return refused
+
+
+def _cross_site(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a browser sent the request from another site: its `Sec-Fetch-Site` says so,
+    or (older browsers) its `Origin` is not the `Host` it was sent to."""
+    found = {name.lower(): value for name, value in headers}
+    site = found.get(b"sec-fetch-site")
+    if site is not None:
+        return site == b"cross-site"
+    origin = found.get(b"origin")
+    if origin is None:
+        return False
+    return urlsplit(origin.decode("latin-1")).netloc != found.get(b"host", b"").decode("latin-1")
 
 
 def _too_large(max_bytes: int) -> HTTPException:

@@ -243,6 +243,43 @@ async def test_a_json_body_is_read_whatever_its_content_type_says(
     assert queried.status_code == 404 and queried.json()["error"].startswith("no indexer")
 
 
+@pytest.mark.parametrize(
+    "browser",
+    [
+        {"sec-fetch-site": "cross-site"},
+        {"origin": "http://evil.example"},
+        {"origin": "null"},
+    ],
+)
+@pytest.mark.parametrize(("path", "key"), [("/v1/route", "detail"), ("/dynamo/register", "error")])
+async def test_a_cross_site_body_without_a_json_type_is_refused(
+    client: httpx.AsyncClient, browser: dict[str, str], path: str, key: str
+) -> None:
+    headers = {"content-type": "text/plain"} | browser
+    refused = await client.post(path, content=json.dumps(REGISTER).encode(), headers=headers)
+    declared = await client.post(path, json=REGISTER, headers=browser)
+
+    assert refused.status_code == 415, refused.text
+    assert "cross-site request must send Content-Type: application/json" in refused.json()[key]
+    assert declared.status_code != 415, "a JSON type is a CORS-preflighted request: allowed"
+
+
+@pytest.mark.parametrize("sender", ["same-origin fetch", "same-origin form", "curl"])
+async def test_a_same_site_or_non_browser_body_keeps_any_type(
+    client: httpx.AsyncClient, sender: str
+) -> None:
+    origin = f"{client.base_url.scheme}://{client.base_url.netloc.decode()}"
+    browser = {
+        "same-origin fetch": {"sec-fetch-site": "same-origin"},
+        "same-origin form": {"origin": origin},
+        "curl": {},
+    }[sender]
+    headers = {"content-type": "text/plain"} | browser
+    response = await client.post("/v1/route", content=b'{"session_id": "s"}', headers=headers)
+
+    assert response.status_code == 200, response.text
+
+
 async def test_a_legacy_dynamo_field_name_is_still_accepted(client: httpx.AsyncClient) -> None:
     response = await client.post("/dynamo/register", json=REGISTER | {"additionalsalt": "x"})
 
