@@ -43,19 +43,18 @@ async def sweep(
     session_idle: float,
     worker_grace: float,
     limit: int = EXPIRY_LIMIT,
+    written_only: bool = False,
 ) -> Swept:
     """One pass. A worker counts as gone only while `disconnected`: a live but idle engine,
     or a configured publisher still connecting, keeps its index. `now` is compared with
-    the engine times of the sessions' stores (the batches' `ts`)."""
-    gone = [
-        WorkerKey(w.pod, w.dp_rank)
-        for w in await store.list_workers()
-        if w.status.state is WorkerState.DISCONNECTED and w.status.since < now - worker_grace
-    ]
+    the engine times of the sessions' stores (the batches' `ts`). `written_only`: see
+    `IndexWriter.expire_sessions` (an ingest-only process): it leaves gone workers to the
+    processes sweeping the whole index too, as listing them reads every worker."""
+    gone = [] if written_only else await _gone(store, now - worker_grace)
     for worker in gone:
         await store.remove_worker(worker)
         log.info("janitor.worker_removed", worker=str(worker), grace_seconds=worker_grace)
-    expired = await store.expire_sessions(now - session_idle, limit)
+    expired = await store.expire_sessions(now - session_idle, limit, written_only=written_only)
     RESIDENCIES_EXPIRED.inc(expired.residencies)
     SESSIONS_EXPIRED.inc(expired.sessions)
     if expired.residencies:
@@ -66,6 +65,14 @@ async def sweep(
             more=expired.more,
         )
     return Swept(expired=expired, workers=gone)
+
+
+async def _gone(store: IndexStore, disconnected_before: float) -> list[WorkerKey]:
+    return [
+        WorkerKey(w.pod, w.dp_rank)
+        for w in await store.list_workers()
+        if w.status.state is WorkerState.DISCONNECTED and w.status.since < disconnected_before
+    ]
 
 
 def freeze_long_lived() -> None:
@@ -90,7 +97,12 @@ async def run_gc_freezer(interval: float) -> None:
 
 
 async def run_janitor(
-    store: IndexStore, *, interval: float, session_idle: float, worker_grace: float
+    store: IndexStore,
+    *,
+    interval: float,
+    session_idle: float,
+    worker_grace: float,
+    written_only: bool = False,
 ) -> None:
     """Sweep every `interval` seconds until cancelled, at once again after a pass that
     left idle residencies (`Expired.more`); a store outage skips a pass."""
@@ -99,7 +111,11 @@ async def run_janitor(
         await asyncio.sleep(0 if more else interval)
         try:
             swept = await sweep(
-                store, now=time.time(), session_idle=session_idle, worker_grace=worker_grace
+                store,
+                now=time.time(),
+                session_idle=session_idle,
+                worker_grace=worker_grace,
+                written_only=written_only,
             )
             more = swept.expired.more
         except Exception as exc:  # an outage must not kill the janitor; the next pass retries

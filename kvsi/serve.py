@@ -133,6 +133,8 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
                 interval=settings.janitor_interval_seconds,
                 session_idle=settings.session_idle_seconds,
                 worker_grace=settings.worker_grace_seconds,
+                # An ingest-only sidecar sweeps what it writes; API replicas sweep the rest.
+                written_only=not settings.api,
             ),
             name="janitor",
         )

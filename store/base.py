@@ -93,7 +93,9 @@ class IndexWriter(Protocol):
         """Forget the worker entirely (gone for longer than the grace time)."""
         ...
 
-    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+    async def expire_sessions(
+        self, older_than: float, limit: int, *, written_only: bool = False
+    ) -> Expired:
         """One pass of the idle rule (`store.model.idle`): drop each session residency whose
         session last stored on its worker before `older_than`, blocks or not; the blocks stay
         in the worker's index. The change feed reports a dropped residency's blocks as the
@@ -106,6 +108,10 @@ class IndexWriter(Protocol):
         every session or scans a keyspace. Cost: O(dropped residencies' blocks + workers).
         Redis: a worker's residencies holding blocks are dropped only by a process writing
         that worker (its mirror holds the reverse map: store/README.md "Expiry").
+        `written_only`: only the workers this process writes, and `Expired.sessions` not
+        counted (it would read every worker): what an ingest-only sidecar does, so a fleet
+        of sidecars does not sweep every worker once each; the API replicas sweep the rest.
+        The memory store's process writes every worker it holds: the same either way.
         """
         ...
 

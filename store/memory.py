@@ -432,7 +432,9 @@ class MemoryStore:
             self._clear(w, keep=False)
             self._finish(w, _engine_time(w), losses=False)
 
-    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+    async def expire_sessions(
+        self, older_than: float, limit: int, *, written_only: bool = False
+    ) -> Expired:
         """Per worker, its residencies from the least recently stored while `idle`, at most
         `limit`, then at most `limit` sessions of removed workers; a yield to the event loop
         every EXPIRE_CHUNK drops. O(dropped residencies' blocks + limit), nothing else read."""

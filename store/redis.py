@@ -500,13 +500,16 @@ class RedisStore(RedisReader, RedisInstances):
             self._registry.discard(worker)
         self._writers.pop(worker, None)
 
-    async def expire_sessions(self, older_than: float, limit: int) -> Expired:
+    async def expire_sessions(
+        self, older_than: float, limit: int, *, written_only: bool = False
+    ) -> Expired:
         """Workers this process writes (a current mirror): their idle residencies through
-        the mirror, one apply.lua call per worker (`_expire_written`). Every other worker,
-        and the retired record: expire.lua drops the idle residencies holding no block
-        (those holding blocks wait for their writer: dropping them needs the reverse map).
-        Then one pipeline over every worker tells which of the dropped sessions have no
-        record left (forgotten). O(dropped residencies' blocks + workers) commands' work.
+        the mirror, one apply.lua call per worker (`_expire_written`); with `written_only`,
+        nothing else. Every other worker, and the retired record: expire.lua drops the idle
+        residencies holding no block (those holding blocks wait for their writer: dropping
+        them needs the reverse map). Then one pipeline over every worker tells which of the
+        dropped sessions have no record left (forgotten). O(dropped residencies' blocks +
+        workers) commands' work; O(written workers') with `written_only`.
         """
         dropped: list[str] = []
         more = False
@@ -517,6 +520,8 @@ class RedisStore(RedisReader, RedisInstances):
                 mine.add(w.keys.seen)
                 dropped += done[0]
                 more = more or done[1]
+        if written_only:
+            return Expired(len(dropped), 0, more)
         sources = await self._seen_sources(None)
         others = [s for s in sources if s.seen not in mine]
         replies = await asyncio.gather(

@@ -36,6 +36,18 @@ async def test_disconnected_past_grace_is_removed_others_stay(store: IndexStore)
     assert sorted(p.pod for p in view.workers) == ["pod-live", "pod-recent"]
 
 
+async def test_an_ingest_only_pass_leaves_gone_workers_to_the_whole_index_sweep(
+    store: IndexStore,
+) -> None:
+    await store.apply(GONE, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.set_status(GONE, WorkerStatus(WorkerState.DISCONNECTED, 100.0))
+    swept = await sweep(store, now=1000.0, session_idle=1e9, worker_grace=600.0, written_only=True)
+    assert swept.workers == []
+    assert [w.pod for w in await store.list_workers()] == ["pod-gone"]
+    swept = await sweep(store, now=1000.0, session_idle=1e9, worker_grace=600.0)
+    assert swept.workers == [GONE]
+
+
 async def test_idle_sessions_without_blocks_are_forgotten(store: IndexStore) -> None:
     await store.apply(LIVE, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, "idle")]))
     await store.apply(LIVE, Batch(1, 20.0, [BlocksStored([2], "GPU", 0, "busy")]))
