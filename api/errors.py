@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from api.params import PATTERN_RULES, RULES
 
@@ -101,6 +102,32 @@ def _path(parts: Sequence[Any]) -> str:
     return out
 
 
+_UNPARSED = "There was an error parsing the body"
+"""FastAPI's words for a body it could not decode at all (not UTF-8, nested too deep)."""
+
+
+def http_error_detail(exc: HTTPException) -> str:
+    """An HTTPException's detail in this module's words (FastAPI's own body error aside,
+    every detail already is)."""
+    if exc.status_code == 400 and exc.detail == _UNPARSED:
+        cause = exc.__cause__
+        if isinstance(cause, UnicodeDecodeError):
+            return "body: is not valid JSON (not UTF-8 text)"
+        if isinstance(cause, RecursionError):
+            return "body: is not valid JSON here (nested too deeply)"
+        return "body: is not valid JSON"
+    return str(exc.detail)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse(
+        status_code=exc.status_code,
+        content={"detail": http_error_detail(exc)},
+        headers=exc.headers,
+    )
+
+
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     detail = describe_validation_errors(exc.errors())
@@ -108,8 +135,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Register the handler that turns FastAPI's 422 into the ErrorResponse 400.
-
-    HTTPException needs nothing: Starlette already answers `{"detail": <str>}`.
-    """
+    """Register the handlers that turn FastAPI's 422 into the ErrorResponse 400 and word
+    its body-decoding 400 like every other error (`http_error_detail`)."""
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(HTTPException, _on_http_error)

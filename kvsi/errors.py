@@ -7,7 +7,7 @@ endpoint) and what is wrong with it, so nobody has to read a traceback to find a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,16 +22,25 @@ _ENV_FIELD = re.compile(r'error parsing value for field "(?P<field>[^"]+)" from 
 
 
 def describe_validation(
-    exc: ValidationError, names: Callable[[Sequence[str | int]], list[str] | None]
+    exc: ValidationError,
+    names: Callable[[Sequence[str | int]], list[str] | None],
+    patterns: Mapping[str, str],
 ) -> str:
     """Every problem of a settings validation as `setting NAME: reason (got VALUE)`, joined;
-    an unknown name is told with the names valid there (`names(path)`)."""
-    return "; ".join(_describe_one(error, names) for error in exc.errors())
+    an unknown name is told with the names valid there (`names(path)`), a pattern by the
+    rule it states (`patterns`), never as a regex."""
+    return "; ".join(_describe_one(error, names, patterns) for error in exc.errors())
 
 
-def _describe_one(error: Any, names: Callable[[Sequence[str | int]], list[str] | None]) -> str:
+def _describe_one(
+    error: Any,
+    names: Callable[[Sequence[str | int]], list[str] | None],
+    patterns: Mapping[str, str],
+) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "settings"
     reason = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "string_pattern_mismatch":
+        reason = patterns.get(error.get("ctx", {}).get("pattern", ""), "is not of the right form")
     if error["type"] == "extra_forbidden":
         valid = names(error["loc"][:-1]) or []
         return f"setting {where}: unknown; valid here: {', '.join(valid)}"

@@ -33,13 +33,32 @@ from pydantic_settings import (
 from kvsi.errors import StartupError, describe_settings_error, describe_validation
 from store.endpoints import zmq_endpoint
 
+POD_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object name (RFC 1123 subdomain), as the API accepts pods."""
+K8S_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A namespace name (RFC 1123 label)."""
+HEADER_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+"""A lowercase header name: llm-d's picker lowercases the names it is configured with."""
+URL_PATH = r"^(/[A-Za-z0-9._~-]+)+$"
+"""A path to mount an API at: one or more /segments."""
+
+PATTERN_WORDS = {
+    POD_NAME: "must be a Kubernetes name: lowercase letters, digits, '-' and '.', starting "
+    "and ending with a letter or digit",
+    K8S_LABEL: "must be a Kubernetes namespace name: lowercase letters, digits and '-', "
+    "starting and ending with a letter or digit",
+    HEADER_NAME: "must be a lowercase header name: letters, digits and '-'",
+    URL_PATH: "must be a URL path such as /dynamo",
+}
+"""The rule each pattern states, in words, for the one-line error (never the regex)."""
+
 
 class PublisherConfig(BaseModel):
     """One vLLM KV-event publisher (one pod, one data-parallel rank)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    pod: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    pod: str = Field(pattern=POD_NAME, max_length=253)
     """Pod name (a Kubernetes name, as the API accepts); the worker is (pod, the batch's rank)."""
     endpoint: str
     """ZMQ endpoint of the PUB socket, e.g. tcp://10.0.0.5:5557 or ipc:///tmp/kv.sock."""
@@ -90,7 +109,7 @@ class DynamoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prefix: str = Field(default="/dynamo", pattern=r"^(/[A-Za-z0-9._~-]+)+$")
+    prefix: str = Field(default="/dynamo", pattern=URL_PATH)
     """Path the API is mounted at on the main port: `<prefix>/query_by_hash`, ..."""
     port: int | None = Field(default=None, ge=0, le=65535)
     """Also serve it at the root of this port of `host`, as `python -m dynamo.indexer` does
@@ -107,14 +126,6 @@ class DynamoConfig(BaseModel):
     follow_seconds: float = Field(default=2.0, gt=0)
     """How often an ingest process reads the registrations, to subscribe to instances
     registered since and let go of those unregistered."""
-
-
-POD_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-"""A Kubernetes object name (RFC 1123 subdomain), as the API accepts pods."""
-K8S_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-"""A namespace name (RFC 1123 label)."""
-HEADER_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
-"""A lowercase header name: llm-d's picker lowercases the names it is configured with."""
 
 
 class LlmDConfig(BaseModel):
@@ -362,5 +373,5 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     except SettingsError as exc:
         raise StartupError(describe_settings_error(exc, os.environ)) from exc
     except ValidationError as exc:
-        raise StartupError(describe_validation(exc, setting_names)) from exc
+        raise StartupError(describe_validation(exc, setting_names, PATTERN_WORDS)) from exc
     return settings

@@ -43,7 +43,7 @@ def open_store(url: str) -> IndexStore:
     """A store for `url`; raises StoreURLError listing the valid forms for an unknown one."""
     scheme = url if "://" not in url else urlsplit(url).scheme
     shown = masked(url)
-    opener = BACKENDS.get(scheme)
+    opener = BACKENDS.get(scheme) if (scheme == "memory") == (url == "memory") else None
     if opener is None:
         valid = ", ".join(f"{name}" if name == "memory" else f"{name}://..." for name in BACKENDS)
         raise StoreURLError(f"unknown store {shown!r}; valid: {valid}")
@@ -55,7 +55,8 @@ def open_store(url: str) -> IndexStore:
             "pip install 'kv-session-index[redis]'"
         ) from exc
     except ValueError as exc:
-        raise StoreURLError(str(exc).replace(url, shown)) from exc
+        reason = str(exc).replace(url, shown)
+        raise StoreURLError(reason if shown in reason else f"store {shown!r}: {reason}") from exc
     return store
 
 

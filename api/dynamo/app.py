@@ -22,7 +22,7 @@ from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.dynamo import routes
 from api.dynamo.registry import guarded_door
 from api.dynamo.routes import DynamoOptions
-from api.errors import describe_validation_errors
+from api.errors import describe_validation_errors, http_error_detail
 from store.base import IndexStore
 
 DESCRIPTION = """\
@@ -82,7 +82,7 @@ async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     return JSONResponse(
-        status_code=exc.status_code, content={"error": str(exc.detail)}, headers=exc.headers
+        status_code=exc.status_code, content={"error": http_error_detail(exc)}, headers=exc.headers
     )
 
 

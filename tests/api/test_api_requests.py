@@ -387,3 +387,20 @@ async def test_swagger_ui_is_served_from_the_package(client: httpx.AsyncClient) 
                 assert kind.startswith("text/css")
             else:
                 assert kind.startswith("image/")
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b'{"session_id": "\xff\xfe"}', "body: is not valid JSON (not UTF-8 text)"),
+        (b"[" * 100_000 + b"]" * 100_000, "body: is not valid JSON"),
+    ],
+)
+@pytest.mark.parametrize(("path", "key"), [("/v1/route", "detail"), ("/dynamo/query", "error")])
+async def test_a_body_that_cannot_be_decoded_is_worded_like_every_error(
+    client: httpx.AsyncClient, body: bytes, says: str, path: str, key: str
+) -> None:
+    response = await client.post(path, content=body, headers={"content-type": "application/json"})
+
+    assert response.status_code == 400, response.text
+    assert response.json()[key].startswith(says)

@@ -93,6 +93,19 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("port-out-of-range", ["serve", "--port", "99999"], {}, "setting port: Input should be less"),
     ("discover-no-value", ["serve", "--discover", "app"], {}, "expected KEY=VALUE"),
     ("config-missing", ["serve", "--config", "/nonexistent.toml"], {}, "does not exist"),
+    (
+        "pattern-in-words",
+        ["serve"],
+        {"KVSI_DYNAMO__PREFIX": "dyn"},
+        "setting dynamo.prefix: must be a URL path such as /dynamo (got 'dyn')",
+    ),
+    ("store-memory-url", ["serve", "--store", "memory://x"], {}, "unknown store 'memory://x'"),
+    (
+        "store-bad-port-named",
+        ["serve", "--store", "redis://:pw@127.0.0.1:notaport"],
+        {},
+        "store 'redis://:***@127.0.0.1:notaport': Port could not be cast",
+    ),
     ("config-a-directory", ["serve", "--config", "/"], {}, "config file / is not a file"),
     (
         "config-unknown-key-nested",
