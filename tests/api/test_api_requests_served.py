@@ -4,12 +4,10 @@ is sent whole, a `curl -d` body is read, and each request is one escaped, bounde
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.environ import service_environ
 from tests.ports import free_port_run
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -34,23 +34,24 @@ class Served:
     def log_lines(self, until: str, within: float = 10.0) -> list[bytes]:
         """The log's lines once one holds `until` (bounded wait: the line is written after
         the response is sent)."""
-        deadline = time.monotonic() + within
-        while True:
+
+        def written() -> list[bytes] | None:
             lines = self.log.read_bytes().split(b"\n")
-            if any(until.encode() in line for line in lines) or time.monotonic() > deadline:
-                return lines
-            time.sleep(0.05)
+            return lines if any(until.encode() in line for line in lines) else None
+
+        try:
+            return until_sync(written, within, f"a log line with {until!r}")
+        except AssertionError:
+            return self.log.read_bytes().split(b"\n")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = free_port_run(1)
     log = tmp_path_factory.mktemp("served") / "kvsi.log"
-    env = os.environ | {
-        "KVSI_MAX_BODY_BYTES": str(LIMIT),
-        "KVSI_LOG_FORMAT": "console",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = service_environ(
+        {"KVSI_MAX_BODY_BYTES": str(LIMIT), "KVSI_LOG_FORMAT": "console", "PYTHONUNBUFFERED": "1"}
+    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvsi", "serve", "--port", str(port)],
@@ -60,11 +61,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while status(f"{base}/healthz") != 200:
+
+        def healthy() -> bool:
             assert proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < deadline, "kvsi serve did not answer /healthz in 30 s"
-            time.sleep(0.1)
+            return status(f"{base}/healthz") == 200
+
+        until_sync(healthy, 45, "kvsi serve answering /healthz")
         yield Served(base, port, log)
     finally:
         proc.send_signal(signal.SIGTERM)

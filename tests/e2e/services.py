@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from simulator.fleet import SimulatedFleet
 from tests import waiting
 from tests.e2e.truth import listing
+from tests.environ import service_environ
 from tests.ports import free_port_run
 from tests.redis_servers import RedisServer, require
 
@@ -70,7 +71,7 @@ class Service:
                 [*KVSI, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"} | env,
+                env=service_environ({"PYTHONUNBUFFERED": "1", "COLUMNS": "200"} | env),
                 preexec_fn=None if file_limit is None else _limit_files(file_limit),
             )
 

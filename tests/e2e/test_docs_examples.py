@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.environ import service_environ
 from tests.ports import free_port_run
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -114,37 +115,37 @@ def held_session(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo() -> Iterator[Demo]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     base, dynamo = free_port_run(6), free_port_run(1)
-    env = os.environ | {
-        "KVSI_DEMO_BASE_PORT": str(base),
-        "KVSI_DYNAMO_API": "true",
-        "KVSI_DYNAMO__PORT": str(dynamo),
-        "PYTHONUNBUFFERED": "1",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsi", "serve", "--demo", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
+    env = service_environ(
+        {
+            "KVSI_DEMO_BASE_PORT": str(base),
+            "KVSI_DYNAMO_API": "true",
+            "KVSI_DYNAMO__PORT": str(dynamo),
+            "PYTHONUNBUFFERED": "1",
+        }
     )
+    log = tmp_path_factory.mktemp("demo") / "kvsi.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvsi", "serve", "--demo", "--port", "0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
-        assert proc.stdout is not None
-        url = ""
-        for line in proc.stdout:
-            if found := re.search(r"serving on (http://\S+)", line):
-                url = found.group(1)
-                break
-        assert url, "the demo never served"
-        deadline = time.monotonic() + 30
-        while not (session := held_session(url)):
-            assert time.monotonic() < deadline, "the demo holds no session"
-            time.sleep(0.2)
+
+        def serving() -> str | None:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            found = re.search(r"serving on (http://\S+)", log.read_text())
+            return found.group(1) if found else None
+
+        url = until_sync(serving, 45, "the demo serving")
+        session = until_sync(lambda: held_session(url), 30, "the demo holding a session")
         yield Demo(url, f"http://127.0.0.1:{dynamo}", f"127.0.0.1:{base}", session)
     finally:
         proc.terminate()
-        proc.communicate(timeout=15)
+        proc.wait(timeout=15)
 
 
 def adapted(script: str, demo: Demo) -> str:
@@ -170,7 +171,7 @@ def test_the_docs_have_examples_to_run() -> None:
 
 @pytest.mark.parametrize("example", examples(), ids=lambda e: e.where)
 def test_a_docs_example_runs_as_written(example: Example, demo: Demo) -> None:
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = service_environ({"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     result = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", CURL_CHECKS_STATUS + adapted(example.script, demo)],
         capture_output=True,

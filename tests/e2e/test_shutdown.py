@@ -7,7 +7,6 @@ the process alive after "Finished server process" until the grace period ran out
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
@@ -19,8 +18,10 @@ import httpx
 import pytest
 
 from tests.e2e.services import Service, services, start_redis
+from tests.environ import service_environ
 from tests.ports import free_port_run
 from tests.redis_servers import RedisServer
+from tests.waiting import until, until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -127,15 +128,12 @@ async def test_sigterm_stops_an_ingest_only_sidecar_after_scrapes(redis_url: str
         )
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=base, timeout=5) as client:
-            deadline = time.monotonic() + 45
-            while True:
-                try:
-                    if (await client.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline and service.running, service.tail()
-                await asyncio.sleep(0.1)
+
+            async def ready() -> bool:
+                assert service.running, service.tail()
+                return (await client.get("/readyz")).status_code == 200
+
+            await until(ready, 45, "the sidecar ready", tolerate=(httpx.TransportError,))
             for path in ("/healthz", "/metrics"):
                 assert (await client.get(path)).status_code == 200
         code, output = stopped_by_sigterm(service)
@@ -160,11 +158,14 @@ def test_sigterm_while_the_demo_starts_is_a_clean_exit(after: float) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=service_environ(),
     )
-    deadline = time.monotonic() + 30
-    while not catches_sigterm(proc.pid):
-        assert time.monotonic() < deadline and proc.poll() is None, "never handled SIGTERM"
-        time.sleep(0.01)
+
+    def handles_sigterm() -> bool:
+        assert proc.poll() is None, "exited before handling SIGTERM"
+        return catches_sigterm(proc.pid)
+
+    until_sync(handles_sigterm, 30, "a SIGTERM handler", every=0.01)
     time.sleep(after)
     proc.send_signal(signal.SIGTERM)
     try:

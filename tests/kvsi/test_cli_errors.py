@@ -4,7 +4,6 @@ process per case, as a shell or a container runtime sees it."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from kvsi.tail import tail
 from tests.e2e.services import services
+from tests.environ import service_environ
 from tests.ports import free_port_run
 from tests.waiting import eventually
 
@@ -31,12 +31,11 @@ WITHOUT_REDIS_CLIENT = [
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVSI_")}
     return subprocess.run(
         argv,
         capture_output=True,
         text=True,
-        env=clean | {"COLUMNS": "200"} | (env or {}),
+        env=service_environ({"COLUMNS": "200"} | (env or {})),
         timeout=60,
         stdin=subprocess.DEVNULL,
     )
