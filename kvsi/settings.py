@@ -230,8 +230,9 @@ class Settings(BaseSettings):
     """How often surviving objects are frozen out of the garbage collector's scans (keeps
     full collections over a large in-memory index from stalling the API)."""
     janitor_interval_seconds: float = Field(default=30.0, gt=0)
-    """How often idle session residencies and gone workers are looked for (a pass drops at
-    most 5,000 residencies per worker, and runs again at once when it left some)."""
+    """How often idle session residencies and gone workers are looked for (a pass drops a
+    bounded number of residencies per worker, `kvsi.janitor.EXPIRY_LIMIT`, and runs again
+    at once when it left some)."""
     ingest_queue_size: int = Field(default=10_000, ge=1)
     """Live messages held per publisher between receiving and applying (the buffer that
     rides out a slow or unavailable store). Beyond it, messages are dropped and the hole is
