@@ -336,6 +336,7 @@ class Applier:
         self.log.warning("stream.batches_lost", batches=loss.batches, detail=detail)
 
     async def drop_stale(self) -> None:
+        """The stale policy's end: what no event reconfirmed since the loss is removed."""
         dropped = await self._gate.drop_unconfirmed(self.worker)
         self.counters.unconfirmed_dropped += dropped
         self.health.stale_dropped(dropped)
@@ -356,6 +357,7 @@ class Applier:
         return True
 
     def drop(self, reason: DropReason) -> None:
+        """Count a skipped input by reason; log it at most every DROP_LOG_SECONDS."""
         drops = self.counters.drops
         count = drops[reason] = drops.get(reason, 0) + 1
         now = time.monotonic()
