@@ -37,8 +37,8 @@ from subscriber.sockets import ResourceError, StreamRoom, open_live
 from subscriber.topic import model_of_topic
 
 GROUP_MAX = 16
-"""Most live batches of a backlog stored in one call (a Redis script runs them in one go:
-~2 ms of Redis time at the bench's batch size, while other clients wait)."""
+"""Most live batches of a backlog stored in one call (a Redis script runs them in one go,
+and other clients wait while it does: the bound keeps that wait short)."""
 
 RESOURCE_RETRY_SECONDS = 0.1
 """First pause before a stream tries again to open a socket a resource limit refused."""
