@@ -26,10 +26,10 @@ from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.errors import install_error_handlers
 from api.hints import HintOptions
+from api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from api.reader import guarded_reader
 from api.routes import health, hints, metrics, pods, route, sessions, watch
 from api.routes.health import ReadinessCheck
-from kvsi.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from store.base import IndexStore
 
 log = structlog.get_logger(__name__)

@@ -21,6 +21,7 @@ from kvsi import metrics
 from kvsi.errors import StartupError
 from kvsi.settings import DiscoveryConfig
 from store.model import WorkerKey, WorkerState, WorkerStatus
+from subscriber import metrics as ingest_metrics
 from subscriber.pool import StreamPool
 from subscriber.stream import PublisherSpec
 
@@ -309,7 +310,7 @@ async def apply_changes(changes: Changes, pool: StreamPool, config: DiscoveryCon
         )
     for key in changes.forget:
         await pool.gate.remove_worker(key)
-        metrics.INGEST.forget(str(key))
+        ingest_metrics.INGEST.forget(str(key))
         metrics.DISCOVERY_CHANGES.labels("forgotten").inc()
         log.info("discovery.worker_forgotten", worker=str(key), pod=key.pod)
     for spec in changes.start:

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from kvsi import metrics
 from store.model import (
     AllCleared,
     ApplyOutcome,
@@ -26,6 +25,7 @@ from store.model import (
     StoreEvent,
     WorkerKey,
 )
+from subscriber import metrics
 from subscriber.decode import Decoded, ingest_decoder
 from subscriber.drops import DropReason
 from subscriber.framing import parse_live

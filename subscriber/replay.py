@@ -15,7 +15,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from kvsi import metrics
+from subscriber import metrics
 from subscriber.drops import DropReason
 from subscriber.framing import ReplayEnd, parse_reply, replay_request
 from subscriber.sockets import socket_failure

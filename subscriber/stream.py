@@ -20,13 +20,13 @@ import zmq.asyncio
 from structlog.typing import FilteringBoundLogger
 from zmq.utils.monitor import recv_monitor_message
 
-from kvsi import metrics
 from store.model import (
     Fence,
     WorkerKey,
     WorkerState,
     WorkerStatus,
 )
+from subscriber import metrics
 from subscriber.applier import Applier
 from subscriber.framing import SEQ_BYTES
 from subscriber.gate import StoreGate

@@ -1,6 +1,7 @@
 """`GET /metrics`: the process's Prometheus metrics, unauthenticated like the probes.
 
-Imports prometheus_client only; the metrics themselves live in kvsi/metrics.py.
+Imports prometheus_client only; the metrics themselves live beside their layers
+(subscriber/metrics.py, api/metrics.py, kvsi/metrics.py).
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import pytest
 from lightkube import AsyncClient, KubeConfig
 from prometheus_client import REGISTRY
 
-from kvsi import metrics
 from kvsi.discovery import PodEvent, PodInfo, PodSnapshot, run_discovery, watch_pods
 from kvsi.settings import DiscoveryConfig
 from simulator.fleet import SimulatedFleet
 from store.memory import MemoryStore
 from store.model import WorkerKey, WorkerState
+from subscriber import metrics
 from subscriber.pool import StreamPool
 from tests.kvsi.fake_kube import FakeKube, pod
 from tests.kvsi.paths import RECORDED_WATCH

@@ -7,9 +7,8 @@ from dataclasses import replace
 
 from prometheus_client import REGISTRY, generate_latest
 
-from kvsi import metrics
 from store.model import WorkerKey, WorkerState
-from subscriber import wire
+from subscriber import metrics, wire
 from subscriber.drops import DropReason
 from tests.subscriber.conftest import RigFactory
 from tests.subscriber.peers import Publisher, payload, removed, running, stored

@@ -1,0 +1,46 @@
+"""The layers import one way: store/ neither zmq, fastapi nor the layers above it;
+subscriber/ never the API or the wiring; api/ never zmq or the subscriber. Checked in a
+fresh interpreter that imports every module of the layer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FORBIDDEN = {
+    "store": ("zmq", "fastapi", "starlette", "uvicorn", "subscriber", "api", "kvsi"),
+    "subscriber": ("fastapi", "starlette", "uvicorn", "api", "kvsi"),
+    "api": ("zmq", "subscriber", "kvsi"),
+    "hashing": ("zmq", "fastapi", "store", "subscriber", "api", "kvsi"),
+}
+"""Top-level import names each layer must not load, directly or through another module."""
+
+
+def modules_of(package: str) -> list[str]:
+    return sorted(
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for path in (ROOT / package).rglob("*.py")
+    )
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_layer_loads_nothing_above_it(package: str) -> None:
+    modules = modules_of(package)
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN[package]!r})\n"
+        "print('\\n'.join(bad))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(modules) > 1, "the layer's modules were not found"
+    assert result.stdout.strip() == "", f"{package} loads {result.stdout.split()}"
