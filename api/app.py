@@ -25,10 +25,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from api.errors import install_error_handlers
-from api.hints import HintOptions
 from api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from api.reader import guarded_reader
-from api.routes import health, hints, metrics, pods, route, sessions, watch
+from api.routers.llm_d import routes as llm_d_routes
+from api.routers.llm_d.hints import HintOptions
+from api.routes import health, metrics, pods, route, sessions, watch
 from api.routes.health import ReadinessCheck
 from store.base import IndexStore
 
@@ -123,7 +124,7 @@ def create_app(
     protected = [Depends(require_token)] if tokens else []
     unauthorized = UNAUTHORIZED if tokens else {}
     app.include_router(sessions.router, dependencies=protected, responses=unauthorized)
-    app.include_router(hints.router, dependencies=protected, responses=unauthorized)
+    app.include_router(llm_d_routes.router, dependencies=protected, responses=unauthorized)
     app.include_router(pods.router, dependencies=protected, responses=unauthorized)
     app.include_router(route.router, dependencies=protected, responses=unauthorized)
     app.include_router(watch.router, dependencies=protected, responses=unauthorized)

@@ -16,8 +16,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app, create_probe_app, stop_streams
-from api.dynamo import DynamoOptions, create_dynamo_app
-from api.hints import HintOptions
+from api.routers.dynamo import DynamoOptions, create_dynamo_app
+from api.routers.llm_d.hints import HintOptions
 from kvsi import metrics
 from kvsi.dynamo_follow import follow_registrations
 from kvsi.errors import StartupError

@@ -14,11 +14,11 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field, Strict, field_validator, model_validator
 
 import hashing
-from api.dynamo.headers import routing_headers
-from api.hints import Hint, HintFormat, HintOptions, route_hint
 from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN, BodyModel
 from api.ranking import Evidence, Weights, rank
 from api.reader import get_reader
+from api.routers.dynamo.headers import routing_headers
+from api.routers.llm_d.hints import Hint, HintFormat, HintOptions, route_hint
 from api.schemas import ErrorResponse, json_response
 from store.model import Hash, WorkerKey, WorkerState, parse_hash
 

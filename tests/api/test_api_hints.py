@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from api import create_app
-from api.hints import HintOptions
+from api.routers.llm_d.hints import HintOptions
 from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
 from store.base import IndexStore

@@ -15,8 +15,8 @@ from starlette.types import Message
 
 from api import create_app
 from api.body import DEFAULT_MAX_BODY_BYTES
-from api.dynamo import create_dynamo_app
-from api.dynamo.schemas import MAX_TOKENS as DYNAMO_MAX_TOKENS
+from api.routers.dynamo import create_dynamo_app
+from api.routers.dynamo.schemas import MAX_TOKENS as DYNAMO_MAX_TOKENS
 from api.routes.route import MAX_CANDIDATES
 from api.routes.route import MAX_TOKENS as ROUTE_MAX_TOKENS
 from kvsi.settings import Settings

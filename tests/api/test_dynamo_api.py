@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import hashing
-from api.dynamo import DynamoOptions, create_dynamo_app
+from api.routers.dynamo import DynamoOptions, create_dynamo_app
 from store.memory import MemoryStore
 from store.model import Batch, BlocksStored, StoreEvent, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for

@@ -7,7 +7,7 @@ import asyncio
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from api.dynamo import create_dynamo_app
+from api.routers.dynamo import create_dynamo_app
 from store.memory import MemoryStore
 from store.model import Batch, BlocksStored, DynamoInstance, WorkerKey
 

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from api import create_app
-from api.hints import HintOptions
+from api.routers.llm_d.hints import HintOptions
 from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
 from store.memory import MemoryStore

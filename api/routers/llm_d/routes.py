@@ -2,7 +2,7 @@
 the pod holding most of its KV cache, ready for llm-d's endpoint picker.
 
 Imports neither zmq nor subscriber/; reads the store through api.reader, picks with
-api.hints. docs/routers/llm-d.md says how a gateway uses it.
+api.routers.llm_d.hints. docs/routers/llm-d.md says how a gateway uses it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import Field
 
-from api.hints import HintFormat, HintOptions, SessionHint, best_for_session, hint_for
 from api.params import QueryParams, SessionId, once_each
 from api.reader import get_reader
+from api.routers.llm_d.hints import HintFormat, HintOptions, SessionHint, best_for_session, hint_for
 from api.schemas import ErrorResponse
 from store.base import IndexReader
 from store.model import WorkerKey, WorkerState

@@ -1,9 +1,9 @@
 """Dynamo's standalone KV indexer API over the index: overlap queries, registrations, dump.
 
 Imports neither zmq nor subscriber/. Paths, bodies and answers follow ai-dynamo/dynamo's
-`python -m dynamo.indexer`; docs/routers/dynamo.md says what differs. The app serving them is
-api.dynamo.app. Only registered instances (`POST /register`) appear: Dynamo's answers are keyed
-by instance id, and a registration is what gives a worker one.
+`python -m dynamo.indexer`; docs/routers/dynamo.md says what differs. The app serving them
+is api.routers.dynamo.app. Only registered instances (`POST /register`) appear: Dynamo's
+answers are keyed by instance id, and a registration is what gives a worker one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 import hashing
-from api.dynamo.registry import RegistryDoor, get_door
-from api.dynamo.schemas import (
+from api.routers.dynamo.registry import RegistryDoor, get_door
+from api.routers.dynamo.schemas import (
     DumpEntry,
     DynamoError,
     Listener,
@@ -31,7 +31,7 @@ from api.dynamo.schemas import (
     WorkerInfo,
     WorkersQuery,
 )
-from api.dynamo.scores import overlap_answer
+from api.routers.dynamo.scores import overlap_answer
 from api.schemas import json_response
 from store.model import (
     DynamoInstance,

@@ -19,10 +19,10 @@ from starlette.exceptions import HTTPException
 import hashing
 from api.auth import UNAUTHORIZED, TokenCheck, require_token
 from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
-from api.dynamo import routes
-from api.dynamo.registry import guarded_door
-from api.dynamo.routes import DynamoOptions
 from api.errors import describe_validation_errors, http_error_detail
+from api.routers.dynamo import routes
+from api.routers.dynamo.registry import guarded_door
+from api.routers.dynamo.routes import DynamoOptions
 from store.base import IndexStore
 
 DESCRIPTION = """\

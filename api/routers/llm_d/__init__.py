@@ -1,0 +1,1 @@
+"""llm-d's language: the session hint its endpoint picker reads (hints.py) and its route."""
