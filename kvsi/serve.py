@@ -309,11 +309,23 @@ def _probes_ready(on_ready: Callable[[str], None] | None) -> Callable[[str], Non
 class _Server(uvicorn.Server):
     """uvicorn without signal handlers of its own: the process's (`kvsi.cli`'s) stop the
     whole service in order, HTTP included. uvicorn's replace them while it serves and raise
-    the signal again once it is done, which would land in the middle of that cleanup."""
+    the signal again once it is done, which would land in the middle of that cleanup.
+    `on_ready` gets the URL as soon as the socket listens, before any request is handled
+    (uvicorn offers no event to await)."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None] | None) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._on_ready is not None:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            self._on_ready(f"http://{host}:{port}")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -347,15 +359,9 @@ async def _serve_http(
         access_log=False,
         timeout_graceful_shutdown=HTTP_GRACE_SECONDS,
     )
-    server = _Server(config)
+    server = _Server(config, on_ready)
     serving = asyncio.create_task(server.serve(sockets=[listen(host, port)]), name="http")
     try:
-        # uvicorn offers no "started" event to await; poll its flag briefly at start-up.
-        while not server.started and not serving.done():  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        if server.started and on_ready is not None:
-            sock = server.servers[0].sockets[0].getsockname()
-            on_ready(f"http://{sock[0]}:{sock[1]}")
         # Waited on, not awaited: cancelling this coroutine (the service stopping) must not
         # cancel uvicorn mid-request; should_exit below lets it finish and shut down itself.
         await asyncio.wait([serving])
