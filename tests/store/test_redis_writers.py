@@ -377,4 +377,5 @@ async def test_expiry_goes_through_the_writers_mirror_and_a_replica_leaves_it_bl
     assert loads == 1
     assert await snapshot(reader) == await snapshot(ref)
     mirror = writer._writers[A].mirror
-    assert mirror is not None and list(mirror.res) == ["c", "a", "empty"]  # last-store order
+    assert mirror is not None
+    assert list(mirror.index.residencies) == ["c", "a", "empty"]  # last-store order

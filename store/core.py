@@ -1,0 +1,417 @@
+"""One worker's index in process memory: the rules both the memory store and the Redis writer drive.
+
+Imports neither zmq, fastapi nor redis, nor any store backend: `store.memory` is this core
+plus reads, `store.redis_mirror` this core plus the Redis plan of each write.
+
+What it keeps, per worker: the reverse map (per part, entry -> the sessions holding it), each
+session residency (its count per part, last store, losses and frontier), the entries held
+over an unrepaired gap, the fence, and what the write being applied changed (the change
+feed's rows). Residencies keep counts, not their hashes: the reverse map already says which
+session holds what, so a store or a removal touches one map per hash, not two. Reading a
+session's hashes back (`holdings`) walks the worker's entries instead: reads rare enough
+for that, the memory store's `session_blocks` and expiry (the Redis writer reads the
+session sets from Redis).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Final, Generic, TypeVar
+
+from store.feed import ResidencyRow
+from store.model import DEFAULT_MEDIUM, Fence, Hash, Holders, PartKey, idle, release
+
+ABSENT: Final[set[str]] = set()
+"""Default of `holders.get` and `.pop`: an object of the holder type that is never stored."""
+
+
+class Part:
+    """One (medium, group_idx) of the worker: entry -> holders, and entries unconfirmed."""
+
+    __slots__ = ("group", "holders", "medium", "pending", "pid")
+
+    def __init__(self, pid: int, medium: str, group: int) -> None:
+        self.pid = pid
+        """The part's small integer name on its worker, in creation order."""
+        self.medium = medium
+        self.group = group
+        self.holders: dict[Hash, Holders] = {}
+        self.pending: set[Hash] = set()
+        """Entries held over an unrepaired gap and not stored since (`mark_unconfirmed`)."""
+
+
+class Residency:
+    """One session on this worker: its entries per part, when it last stored here, and what
+    eviction took since (`store.model.SessionOnWorker`)."""
+
+    __slots__ = (
+        "added",
+        "batch",
+        "block_size",
+        "counts",
+        "frontier",
+        "last_store",
+        "lost",
+        "position",
+        "removed",
+        "session_id",
+        "total",
+    )
+
+    def __init__(self, session_id: str, last_store: float = 0.0) -> None:
+        self.session_id = session_id
+        self.last_store = last_store
+        """Engine time of the session's latest store on this worker (the idle rule's clock)."""
+        self.counts: dict[int, int] = {}
+        """Entries held per part id; a part with none is absent."""
+        self.total = 0
+        """The sum of `counts`, kept as they change: counting is on every query path."""
+        self.lost = 0
+        self.block_size: int | None = None
+        self.frontier: Hash | None = None
+        """The last block hash the session stored here; `position` its place (`Frontier`)."""
+        self.position: int | None = None
+        self.batch = 0
+        """The write `added` and `removed` count for (the change feed's per-write delta)."""
+        self.added = 0
+        self.removed = 0
+
+
+Stored = tuple[list[Hash], list[Hash], list[Hash] | None]
+"""What a store gave a residency: (entries new to it, of those the ones new to the worker,
+of those the ones no session held before: adopted orphans, None if none)."""
+
+
+class Removed:
+    """What a removal took: every entry gone, those no session held, and per session the
+    entries it lost (in order of first loss)."""
+
+    __slots__ = ("gone", "orphans", "sessions")
+
+    def __init__(self) -> None:
+        self.gone: list[Hash] = []
+        self.orphans: list[Hash] = []
+        self.sessions: dict[str, list[Hash]] = {}
+
+
+P = TypeVar("P", bound=Part)
+R = TypeVar("R", bound=Residency)
+
+
+class WorkerIndex(Generic[P, R]):
+    """One worker's entries, holders, residencies and fence; the writes both backends apply.
+
+    A write starts with `begin` and ends with `rows`, the change feed's record of it. The
+    backend makes parts and residencies through the two factories (each adds what it keeps
+    beside them: Redis key names, the session a residency belongs to).
+    """
+
+    def __init__(
+        self,
+        new_part: Callable[[int, str, int], P],
+        new_residency: Callable[[str], R],
+    ) -> None:
+        self._new_part = new_part
+        self._new_residency = new_residency
+        self.parts: dict[PartKey, P] = {}
+        self.by_pid: dict[int, P] = {}
+        self.residencies: dict[str, R] = {}
+        """In the order of their last store (a store moves its residency to the end): the
+        idle ones come first, so expiry reads only what it drops."""
+        self.active = 0
+        """Residencies holding at least one entry: the worker's `sessions` count."""
+        self.fence: Fence | None = None
+        self._batch = 0
+        self._changed: list[R] = []
+        """Residencies whose entries the current write changed, for the change feed."""
+        self._closed: list[ResidencyRow] = []
+        """Rows of residencies the current write ended (a clear, an expiry)."""
+
+    # -- parts and residencies ------------------------------------------------------------
+
+    def part(self, medium: str | None, group: int | None) -> P | None:
+        """The part of an event's (medium, group_idx), vLLM's None meaning GPU and 0."""
+        return self.parts.get((medium or DEFAULT_MEDIUM, group or 0))
+
+    def add_part(self, pid: int, medium: str, group: int) -> P:
+        part = self.parts[(medium, group)] = self.by_pid[pid] = self._new_part(pid, medium, group)
+        return part
+
+    def new_part(self, medium: str | None, group: int | None) -> P:
+        """A part the worker did not have, named by the next part id."""
+        return self.add_part(len(self.by_pid), medium or DEFAULT_MEDIUM, group or 0)
+
+    def add_residency(self, session_id: str, last_store: float) -> R:
+        """A residency at the end of the last-store order (a load adds them oldest first)."""
+        res = self._new_residency(session_id)
+        res.last_store = last_store
+        self.residencies[res.session_id] = res
+        return res
+
+    def stored_by(self, session_id: str, ts: float) -> R:
+        """The residency a store of `session_id` at engine time `ts` goes to (made if new),
+        moved to the end of the last-store order when `ts` is its latest."""
+        residencies = self.residencies
+        res = residencies.get(session_id)
+        if res is None:
+            res = self.add_residency(session_id, ts)
+        elif ts > res.last_store:
+            res.last_store = ts
+            sid = res.session_id
+            del residencies[sid]  # to the end: the dict stays in last-store order
+            residencies[sid] = res
+        return res
+
+    def idle(self, older_than: float, limit: int) -> list[R]:
+        """Up to `limit + 1` residencies, least recently stored first, while `idle`."""
+        return list(
+            itertools.takewhile(
+                lambda r: idle(r.last_store, older_than),
+                itertools.islice(self.residencies.values(), limit + 1),
+            )
+        )
+
+    def entries(self) -> int:
+        return sum(len(p.holders) for p in self.by_pid.values())
+
+    def unconfirmed(self) -> int:
+        return sum(len(p.pending) for p in self.by_pid.values())
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start a write: the change feed's rows count its changes from here."""
+        self._batch += 1
+        self._changed = []
+        self._closed = []
+
+    def rows(self) -> tuple[ResidencyRow, ...]:
+        """The change feed's rows of the write: one per session whose entries it changed,
+        (session, added, removed, entries now), in session id order; a residency a clear
+        ended mid-write has its own row with 0 entries, and a later store a second row."""
+        rows = self._closed
+        rows += [(r.session_id, r.added, r.removed, r.total) for r in self._changed]
+        self._changed = []
+        self._closed = []
+        rows.sort()
+        return tuple(rows)
+
+    def confirm(self, part: Part, hashes: list[Hash]) -> set[Hash]:
+        """Entries an event names are confirmed (no longer pending); returns those that were."""
+        gone = part.pending.intersection(hashes)
+        if gone:
+            part.pending -= gone
+        return gone
+
+    def store_orphans(self, part: Part, hashes: list[Hash]) -> list[Hash]:
+        """A store of no session: entries new to the worker join it held by none (returned)."""
+        holders = part.holders
+        new = [h for h in hashes if h not in holders]
+        for h in new:
+            holders[h] = None
+        return new
+
+    def hold(self, part: P, res: R, hashes: list[Hash]) -> Stored:
+        """`res` now holds `hashes` in `part` (its counts and the feed's delta follow)."""
+        holders = part.holders
+        sid = res.session_id
+        before = len(holders)
+        if holders.keys().isdisjoint(hashes):  # all new to the worker: the common case
+            holders.update(dict.fromkeys(hashes, sid))
+            added = fresh = hashes
+            if len(holders) - before != len(hashes):  # a hash twice in one event
+                added = fresh = list(dict.fromkeys(hashes))
+            adopted = None
+        else:
+            added, fresh, adopted = _hold_each(holders, sid, hashes)
+        if added:
+            self._count(res, part.pid, len(added))
+        return added, fresh, adopted
+
+    def _count(self, res: R, pid: int, n: int) -> None:
+        if not res.total:
+            self.active += 1
+        res.total += n
+        counts = res.counts
+        counts[pid] = counts.get(pid, 0) + n
+        if res.batch != self._batch:
+            res.batch = self._batch
+            res.added = res.removed = 0
+            self._changed.append(res)
+        res.added += n
+
+    def remove(self, part: Part, hashes: Iterable[Hash], lost: int) -> Removed:
+        """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
+        policy's drops) is what each adds to a session's lost blocks."""
+        out = Removed()
+        pop = part.holders.pop
+        gone, sessions = out.gone, out.sessions
+        for h in hashes:
+            cur = pop(h, ABSENT)
+            if cur is ABSENT:
+                continue
+            gone.append(h)
+            if cur is None:
+                out.orphans.append(h)
+                continue
+            for sid in (cur,) if isinstance(cur, str) else cur:
+                group = sessions.get(sid)
+                if group is None:
+                    sessions[sid] = [h]
+                else:
+                    group.append(h)
+        if sessions:
+            self._uncount(part.pid, sessions, lost)
+        return out
+
+    def _uncount(self, pid: int, sessions: dict[str, list[Hash]], lost: int) -> None:
+        residencies, batch, changed = self.residencies, self._batch, self._changed
+        for sid, group in sessions.items():
+            res = residencies[sid]
+            n = len(group)
+            left = res.counts[pid] - n
+            if left:
+                res.counts[pid] = left
+            else:
+                del res.counts[pid]
+            res.total -= n
+            res.lost += n * lost
+            if not res.total:
+                self.active -= 1
+            if res.batch != batch:
+                res.batch = batch
+                res.added = res.removed = 0
+                changed.append(res)
+            res.removed += n
+
+    def clear(self) -> list[tuple[R, list[int]]]:
+        """Every entry gone (the engine's cache emptied: a restart, `AllCleared`, a worker
+        cleared). Residencies stay, their entries counted as lost (a next turn prefills them
+        again); each that held entries or changed in this write ends its feed row here.
+        Returns those that held entries, with the part ids they held entries in."""
+        emptied = []
+        closed, batch = self._closed, self._batch
+        for sid, res in self.residencies.items():
+            if res.batch == batch:
+                closed.append((sid, res.added, res.removed + res.total, 0))
+                res.batch = 0  # stored again later in this write: a new row
+            elif res.total:
+                closed.append((sid, 0, res.total, 0))
+            if res.total:
+                emptied.append((res, list(res.counts)))
+                res.counts.clear()
+                res.lost += res.total
+                res.total = 0
+        self._changed = []
+        for part in self.by_pid.values():
+            part.holders.clear()
+            part.pending.clear()
+        self.active = 0
+        return emptied
+
+    def mark_unconfirmed(self) -> int:
+        """Every entry is held over an unrepaired gap until an event names it again."""
+        for part in self.by_pid.values():
+            part.pending = set(part.holders)
+        return self.unconfirmed()
+
+    def take_unconfirmed(self) -> list[tuple[P, set[Hash]]]:
+        """The still-unconfirmed entries per part, no longer pending (to be removed)."""
+        out = []
+        for part in self.by_pid.values():
+            if part.pending:
+                out.append((part, part.pending))
+                part.pending = set()
+        return out
+
+    def drop(self, res: R, held: Mapping[int, Iterable[Hash]]) -> dict[int, list[Hash]]:
+        """Drop a residency (the idle rule) whose entries per part are `held`: each entry
+        stays on the worker (`release`); returns, per part, those it leaves held by none. Its
+        feed row, if it held entries, removes them all (not losses)."""
+        sid = res.session_id
+        orphaned: dict[int, list[Hash]] = {}
+        for pid, hashes in held.items():
+            holders = self.by_pid[pid].holders
+            orphans = orphaned[pid] = []
+            for h in hashes:
+                cur = holders.get(h, ABSENT)
+                if cur is not ABSENT:
+                    holders[h] = after = release(cur, sid)
+                    if after is None:
+                        orphans.append(h)
+        if res.total:
+            self.active -= 1
+            self._closed.append((sid, 0, res.total, 0))
+        del self.residencies[sid]
+        return orphaned
+
+    # -- loading and reading --------------------------------------------------------------
+
+    def load(self, part: P, res: R, hashes: Iterable[Hash]) -> None:
+        """`res` holds `hashes` in `part`, as read back from a store (no feed row)."""
+        holders = part.holders
+        sid = res.session_id
+        added = 0
+        for h in hashes:
+            cur = holders.get(h, ABSENT)
+            if cur is ABSENT or cur is None:
+                holders[h] = sid
+            elif isinstance(cur, str):
+                holders[h] = {cur, sid}
+            else:
+                cur.add(sid)
+            added += 1
+        if added:
+            if not res.total:
+                self.active += 1
+            res.counts[part.pid] = res.counts.get(part.pid, 0) + added
+            res.total += added
+
+    def load_orphans(self, part: P, hashes: Iterable[Hash]) -> None:
+        """`hashes` are on the worker held by no session, as read back from a store."""
+        for h in hashes:
+            part.holders.setdefault(h, None)
+
+    def holdings(self, session_ids: Collection[str]) -> dict[str, dict[int, list[Hash]]]:
+        """The entries each of `session_ids` holds, per part id: O(worker entries)."""
+        out: dict[str, dict[int, list[Hash]]] = {sid: {} for sid in session_ids}
+        for pid, part in self.by_pid.items():
+            for h, cur in part.holders.items():
+                if cur is None:
+                    continue
+                for sid in (cur,) if isinstance(cur, str) else cur:
+                    held = out.get(sid)
+                    if held is not None:
+                        held.setdefault(pid, []).append(h)
+        return out
+
+
+def _hold_each(holders: dict[Hash, Holders], sid: str, hashes: list[Hash]) -> Stored:
+    """`hold` when some hashes are on the worker already: one look per hash."""
+    added: list[Hash] = []
+    fresh: list[Hash] = []
+    adopted: list[Hash] | None = None
+    for h in hashes:
+        cur = holders.get(h, ABSENT)
+        if cur is ABSENT:
+            holders[h] = sid
+            fresh.append(h)
+        elif cur is None:
+            holders[h] = sid
+            if adopted is None:
+                adopted = [h]
+            else:
+                adopted.append(h)
+        elif cur is sid:
+            continue
+        elif isinstance(cur, str):
+            if cur == sid:
+                continue
+            holders[h] = {cur, sid}
+        elif sid in cur:
+            continue
+        else:
+            cur.add(sid)
+        added.append(h)
+    return added, fresh, adopted
