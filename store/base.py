@@ -62,7 +62,7 @@ class IndexStore(Protocol):
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
         """Flag every current entry of the worker as unconfirmed (an unrepaired gap).
 
-        Entries stay visible; a later BlocksStored of an entry confirms it, a removal drops
+        Entries stay visible; a later EntriesStored of an entry confirms it, a removal drops
         it as usual. Returns how many were flagged. Cost: O(worker entries), off the hot path;
         while flags exist, each stored block costs one more set operation.
         """

@@ -286,7 +286,7 @@ class WorkerIndex(Generic[P, R]):
             res.removed += n
 
     def clear(self) -> list[tuple[R, list[int]]]:
-        """Every entry gone (the engine's cache emptied: a restart, `AllCleared`, a worker
+        """Every entry gone (the engine's cache emptied: a restart, `WorkerCleared`, a worker
         cleared). Residencies stay, their entries counted as lost (a next turn prefills them
         again); each that held entries or changed in this write ends its feed row here.
         Returns those that held entries, with the part ids they held entries in."""

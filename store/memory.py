@@ -16,12 +16,11 @@ from functools import partial
 from store.core import Part, Residency, WorkerIndex
 from store.feed import FeedHub, FeedRecord, WorkerChange
 from store.model import (
-    AllCleared,
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
     DynamoInstance,
+    EntriesRemoved,
+    EntriesStored,
     Expired,
     Fence,
     Frontier,
@@ -31,6 +30,7 @@ from store.model import (
     SessionOnWorker,
     SessionSummary,
     SessionView,
+    WorkerCleared,
     WorkerKey,
     WorkerLosses,
     WorkerState,
@@ -143,15 +143,15 @@ class MemoryStore:
             index.clear()
         ts = batch.ts
         for event in batch.events:
-            if isinstance(event, BlocksStored):
+            if isinstance(event, EntriesStored):
                 self._store(index, event, ts)
-            elif isinstance(event, BlocksRemoved):
+            elif isinstance(event, EntriesRemoved):
                 part = index.part(event.medium, event.group_idx)
                 if part is not None:
                     if part.pending:
                         index.confirm(part, event.block_hashes)
                     index.remove(part, event.block_hashes, 1)
-            elif isinstance(event, AllCleared):
+            elif isinstance(event, WorkerCleared):
                 index.clear()
         index.fence = advance(index.fence, outcome, batch.seq, ts)
         w.last_event_at = time.time()
@@ -166,7 +166,7 @@ class MemoryStore:
             key = w.key
             self._feed.publish(FeedRecord(key.pod, key.dp_rank, ts, rows, losses=losses))
 
-    def _store(self, index: WorkerIndex[Part, _Residency], event: BlocksStored, ts: float) -> None:
+    def _store(self, index: WorkerIndex[Part, _Residency], event: EntriesStored, ts: float) -> None:
         part = index.part(event.medium, event.group_idx)
         if part is None:
             part = index.new_part(event.medium, event.group_idx)

@@ -36,8 +36,10 @@ class WorkerKey(NamedTuple):
         return f"{self.pod}/{self.dp_rank}"
 
 
-class BlocksStored(msgspec.Struct, frozen=True, gc=False):
-    """Blocks now resident on the worker; `session_id` gains them in its residency.
+class EntriesStored(msgspec.Struct, frozen=True, gc=False):
+    """Entries now on the worker (a block hash each, in one medium and group); the session
+    residency of `session_id`, if any, gains them. The store's form of the wire's
+    `BlockStored` (subscriber/decode.py).
 
     `medium` None means GPU and `group_idx` None means 0, as in vLLM, so the ingest decoder
     can produce these directly from the wire without a conversion pass.
@@ -54,19 +56,21 @@ class BlocksStored(msgspec.Struct, frozen=True, gc=False):
     """Tokens per block (every vLLM release publishes it); None: not known."""
 
 
-class BlocksRemoved(msgspec.Struct, frozen=True, gc=False):
-    """Blocks evicted from one medium and group of the worker, and from every session."""
+class EntriesRemoved(msgspec.Struct, frozen=True, gc=False):
+    """Entries evicted from one medium and group of the worker, and from every session
+    residency holding them. The store's form of the wire's `BlockRemoved`."""
 
     block_hashes: list[Hash]
     medium: str | None = None
     group_idx: int | None = None
 
 
-class AllCleared(msgspec.Struct, frozen=True, gc=False):
-    """The worker dropped every block (prefix cache reset)."""
+class WorkerCleared(msgspec.Struct, frozen=True, gc=False):
+    """The worker dropped every entry (prefix cache reset); its session residencies stay,
+    holding none. The store's form of the wire's `AllBlocksCleared`."""
 
 
-StoreEvent = BlocksStored | BlocksRemoved | AllCleared
+StoreEvent = EntriesStored | EntriesRemoved | WorkerCleared
 
 
 class Batch(msgspec.Struct, gc=False):
@@ -201,7 +205,7 @@ class Progressing(Protocol):
     position: int | None
 
 
-def note_store(res: Progressing, event: BlocksStored) -> None:
+def note_store(res: Progressing, event: EntriesStored) -> None:
     """What a store does to that bookkeeping: nothing lost since, the store's block size,
     and the frontier advanced to its last hash (`next_position`)."""
     res.lost = 0
@@ -215,7 +219,7 @@ def note_store(res: Progressing, event: BlocksStored) -> None:
 
 def idle(last_store: float, older_than: float) -> bool:
     """The idle rule (DESIGN invariant 5): a session residency whose session last stored on
-    its worker (`BlocksStored` with its `session_id`, engine time) before `older_than` is
+    its worker (`EntriesStored` with its `session_id`, engine time) before `older_than` is
     dropped, whatever it holds. The session loses it (view, listing, its reverse-map
     entries and eviction bookkeeping); its blocks stay in the worker's index (`release`). A
     session left with no residency and no record of a removed worker is forgotten."""

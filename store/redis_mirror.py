@@ -24,13 +24,13 @@ import msgspec
 from store.core import WorkerIndex
 from store.feed import FeedRecord
 from store.model import (
-    AllCleared,
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     Fence,
     Hash,
+    WorkerCleared,
     advance,
     note_store,
 )
@@ -90,6 +90,20 @@ class Mirror:
     `ver` is the stored version this copy reflects: every write changes it, and apply.lua
     writes only if it still matches, so a stale copy can never write a wrong delta.
     """
+
+    __slots__ = (
+        "_log",
+        "_seen",
+        "_touched",
+        "feed_length",
+        "has_status",
+        "index",
+        "indexed",
+        "keys",
+        "registered",
+        "ver",
+        "writes",
+    )
 
     def __init__(
         self,
@@ -160,15 +174,15 @@ class Mirror:
         text = repr(ts)
         stored: dict[str, None] = {}
         for event in batch.events:
-            if isinstance(event, BlocksStored):
+            if isinstance(event, EntriesStored):
                 self._store_in(plan, event, ts, text, stored, touched)
-            elif isinstance(event, BlocksRemoved):
+            elif isinstance(event, EntriesRemoved):
                 part = index.part(event.medium, event.group_idx)
                 if part is not None:
                     if part.pending:
                         self._confirm_in(plan, part, event.block_hashes)
                     self._remove_in(plan, part, event.block_hashes, touched)
-            elif isinstance(event, AllCleared):
+            elif isinstance(event, WorkerCleared):
                 self._clear_in(plan, touched)
         index.fence = fence = advance(index.fence, outcome, batch.seq, ts)
         self._feed_in(plan, ts, losses=True)
@@ -214,7 +228,7 @@ class Mirror:
     def _store_in(
         self,
         plan: Plan,
-        event: BlocksStored,
+        event: EntriesStored,
         ts: float,
         text: str,
         stored: dict[str, None],

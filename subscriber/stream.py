@@ -24,14 +24,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from kvsi import metrics
 from store.model import (
-    AllCleared,
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     Fence,
     IndexLostError,
     StoreEvent,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -799,12 +799,12 @@ class WorkerStream:
 
 def _block_events(batch: Batch) -> int:
     return sum(
-        len(e.block_hashes) for e in batch.events if isinstance(e, BlocksStored | BlocksRemoved)
+        len(e.block_hashes) for e in batch.events if isinstance(e, EntriesStored | EntriesRemoved)
     )
 
 
 def _clears(batch: Batch) -> bool:
-    return any(isinstance(e, AllCleared) for e in batch.events)
+    return any(isinstance(e, WorkerCleared) for e in batch.events)
 
 
 def _seq_of(frames: list[bytes] | None) -> int | None:
