@@ -20,10 +20,23 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Final, Generic, TypeVar
 
 from store.feed import ResidencyRow
-from store.model import DEFAULT_MEDIUM, Fence, Hash, Holders, PartKey, idle, release
+from store.model import (
+    DEFAULT_MEDIUM,
+    EntriesStored,
+    Fence,
+    Hash,
+    Holders,
+    PartKey,
+    idle,
+    note_store,
+    release,
+)
 
 ABSENT: Final[set[str]] = set()
-"""Default of `holders.get` and `.pop`: an object of the holder type that is never stored."""
+"""Default of `holders.get`: an object of the holder type that is never stored."""
+
+_NOT_HELD: Final = itertools.repeat(False)
+"""Defaults of a removal's `holders.pop`: False, never a holder."""
 
 
 class Part:
@@ -78,21 +91,36 @@ class Residency:
         self.removed = 0
 
 
-Stored = tuple[list[Hash], list[Hash], list[Hash] | None]
-"""What a store gave a residency: (entries new to it, of those the ones new to the worker,
-of those the ones no session held before: adopted orphans, None if none)."""
-
-
 class Removed:
-    """What a removal took: every entry gone, those no session held, and per session the
-    entries it lost (in order of first loss)."""
+    """What a removal took, worked out only when asked (the memory store never asks): every
+    entry gone, those no session held, and per session the entries it lost (in order of
+    first loss)."""
 
-    __slots__ = ("gone", "orphans", "sessions")
+    __slots__ = ("hashes", "popped")
 
-    def __init__(self) -> None:
-        self.gone: list[Hash] = []
-        self.orphans: list[Hash] = []
-        self.sessions: dict[str, list[Hash]] = {}
+    def __init__(self, hashes: Collection[Hash], popped: list[Holders | bool]) -> None:
+        self.hashes = hashes
+        self.popped = popped
+        """Each hash's holders as the removal found them; False: not on the worker."""
+
+    def gone(self) -> list[Hash]:
+        return [h for h, cur in zip(self.hashes, self.popped, strict=True) if cur is not False]
+
+    def orphans(self) -> list[Hash]:
+        return [h for h, cur in zip(self.hashes, self.popped, strict=True) if cur is None]
+
+    def sessions(self) -> dict[str, list[Hash]]:
+        out: dict[str, list[Hash]] = {}
+        for h, cur in zip(self.hashes, self.popped, strict=True):
+            if cur is None or cur is False or cur is True:
+                continue
+            for sid in (cur,) if isinstance(cur, str) else cur:
+                group = out.get(sid)
+                if group is None:
+                    out[sid] = [h]
+                else:
+                    group.append(h)
+        return out
 
 
 P = TypeVar("P", bound=Part)
@@ -149,20 +177,6 @@ class WorkerIndex(Generic[P, R]):
         self.residencies[res.session_id] = res
         return res
 
-    def stored_by(self, session_id: str, ts: float) -> R:
-        """The residency a store of `session_id` at engine time `ts` goes to (made if new),
-        moved to the end of the last-store order when `ts` is its latest."""
-        residencies = self.residencies
-        res = residencies.get(session_id)
-        if res is None:
-            res = self.add_residency(session_id, ts)
-        elif ts > res.last_store:
-            res.last_store = ts
-            sid = res.session_id
-            del residencies[sid]  # to the end: the dict stays in last-store order
-            residencies[sid] = res
-        return res
-
     def idle(self, older_than: float, limit: int) -> list[R]:
         """Up to `limit + 1` residencies, least recently stored first, while `idle`."""
         return list(
@@ -188,13 +202,14 @@ class WorkerIndex(Generic[P, R]):
 
     def rows(self) -> tuple[ResidencyRow, ...]:
         """The change feed's rows of the write: one per session whose entries it changed,
-        (session, added, removed, entries now), in session id order; a residency a clear
-        ended mid-write has its own row with 0 entries, and a later store a second row."""
+        (session, added, removed, entries now), in no particular order (`FeedRecord` sorts
+        them when read); a residency a clear ended mid-write has its own row with 0
+        entries, and a later store a second row."""
         rows = self._closed
-        rows += [(r.session_id, r.added, r.removed, r.total) for r in self._changed]
-        self._changed = []
+        if self._changed:
+            rows += [(r.session_id, r.added, r.removed, r.total) for r in self._changed]
+            self._changed = []
         self._closed = []
-        rows.sort()
         return tuple(rows)
 
     def confirm(self, part: Part, hashes: list[Hash]) -> set[Hash]:
@@ -204,79 +219,93 @@ class WorkerIndex(Generic[P, R]):
             part.pending -= gone
         return gone
 
-    def store_orphans(self, part: Part, hashes: list[Hash]) -> list[Hash]:
-        """A store of no session: entries new to the worker join it held by none (returned)."""
-        holders = part.holders
-        new = [h for h in hashes if h not in holders]
-        for h in new:
-            holders[h] = None
-        return new
+    def store(
+        self, event: EntriesStored, ts: float
+    ) -> tuple[P, R | None, list[Hash], list[Hash], list[Hash] | None]:
+        """Apply a store at engine time `ts`: the part gains the entries, the session's
+        residency (moved to the end of the last-store order when `ts` is its latest) holds
+        them, and its frontier moves (`note_store`). Unconfirmed entries it names are
+        confirmed first (`confirm`, by the caller, when it must know which).
 
-    def hold(self, part: P, res: R, hashes: list[Hash]) -> Stored:
-        """`res` now holds `hashes` in `part` (its counts and the feed's delta follow)."""
+        Returns (part, residency or None for a store of no session, entries new to the
+        residency (of no session: new to the worker), of those the ones new to the worker,
+        of those the ones no session held before (adopted orphans; None if none)).
+        """
+        # The hot path of ingest: lookups are inlined rather than factored into helpers.
+        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+        if part is None:
+            part = self.new_part(event.medium, event.group_idx)
+        hashes = event.block_hashes
+        if part.pending:
+            self.confirm(part, hashes)
         holders = part.holders
-        sid = res.session_id
+        sid = event.session_id
+        if sid is None:
+            new = list(dict.fromkeys(h for h in hashes if h not in holders))
+            holders.update(dict.fromkeys(new))
+            return part, None, new, new, None
+        residencies = self.residencies
+        res = residencies.get(sid)
+        if res is None:
+            res = self.add_residency(sid, max(ts, 0.0))
+        elif ts > res.last_store:
+            res.last_store = ts
+            key = res.session_id
+            del residencies[key]  # to the end: the dict stays in last-store order
+            residencies[key] = res
+        note_store(res, event)
+        sid = res.session_id  # one string object per session: holders compare with `is`
         before = len(holders)
+        adopted = None
         if holders.keys().isdisjoint(hashes):  # all new to the worker: the common case
             holders.update(dict.fromkeys(hashes, sid))
-            added = fresh = hashes
-            if len(holders) - before != len(hashes):  # a hash twice in one event
-                added = fresh = list(dict.fromkeys(hashes))
-            adopted = None
+            n = len(holders) - before
+            added = fresh = hashes if n == len(hashes) else list(dict.fromkeys(hashes))
         else:
             added, fresh, adopted = _hold_each(holders, sid, hashes)
-        if added:
-            self._count(res, part.pid, len(added))
-        return added, fresh, adopted
+            n = len(added)
+        if n:
+            if not res.total:
+                self.active += 1
+            res.total += n
+            counts = res.counts
+            pid = part.pid
+            counts[pid] = counts.get(pid, 0) + n
+            if res.batch != self._batch:
+                res.batch = self._batch
+                res.added = res.removed = 0
+                self._changed.append(res)
+            res.added += n
+        return part, res, added, fresh, adopted
 
-    def _count(self, res: R, pid: int, n: int) -> None:
-        if not res.total:
-            self.active += 1
-        res.total += n
-        counts = res.counts
-        counts[pid] = counts.get(pid, 0) + n
-        if res.batch != self._batch:
-            res.batch = self._batch
-            res.added = res.removed = 0
-            self._changed.append(res)
-        res.added += n
-
-    def remove(self, part: Part, hashes: Iterable[Hash], lost: int) -> Removed:
+    def remove(self, part: Part, hashes: Collection[Hash], lost: int) -> Removed:
         """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
         policy's drops) is what each adds to a session's lost blocks."""
-        out = Removed()
-        pop = part.holders.pop
-        gone, sessions = out.gone, out.sessions
-        for h in hashes:
-            cur = pop(h, ABSENT)
-            if cur is ABSENT:
-                continue
-            gone.append(h)
-            if cur is None:
-                out.orphans.append(h)
-                continue
-            for sid in (cur,) if isinstance(cur, str) else cur:
-                group = sessions.get(sid)
-                if group is None:
-                    sessions[sid] = [h]
-                else:
-                    group.append(h)
-        if sessions:
-            self._uncount(part.pid, sessions, lost)
-        return out
+        popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
+        tally: dict[str, int] = {}
+        get = tally.get
+        for cur in popped:
+            if isinstance(cur, str):
+                tally[cur] = get(cur, 0) + 1
+            elif isinstance(cur, set):  # an entry several sessions hold
+                for sid in cur:
+                    tally[sid] = get(sid, 0) + 1
+        if tally:
+            self._uncount(part.pid, tally, lost)
+        return Removed(hashes, popped)
 
-    def _uncount(self, pid: int, sessions: dict[str, list[Hash]], lost: int) -> None:
+    def _uncount(self, pid: int, tally: dict[str, int], lost: int) -> None:
         residencies, batch, changed = self.residencies, self._batch, self._changed
-        for sid, group in sessions.items():
+        for sid, n in tally.items():
             res = residencies[sid]
-            n = len(group)
             left = res.counts[pid] - n
             if left:
                 res.counts[pid] = left
             else:
                 del res.counts[pid]
             res.total -= n
-            res.lost += n * lost
+            if lost:
+                res.lost += n
             if not res.total:
                 self.active -= 1
             if res.batch != batch:
@@ -387,8 +416,10 @@ class WorkerIndex(Generic[P, R]):
         return out
 
 
-def _hold_each(holders: dict[Hash, Holders], sid: str, hashes: list[Hash]) -> Stored:
-    """`hold` when some hashes are on the worker already: one look per hash."""
+def _hold_each(
+    holders: dict[Hash, Holders], sid: str, hashes: list[Hash]
+) -> tuple[list[Hash], list[Hash], list[Hash] | None]:
+    """`store` when some hashes are on the worker already: one look per hash."""
     added: list[Hash] = []
     fresh: list[Hash] = []
     adopted: list[Hash] | None = None

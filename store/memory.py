@@ -40,7 +40,6 @@ from store.model import (
     decide,
     fell_behind,
     idle,
-    note_store,
     reprefill_tokens,
     tally_losses,
 )
@@ -144,7 +143,9 @@ class MemoryStore:
         ts = batch.ts
         for event in batch.events:
             if isinstance(event, EntriesStored):
-                self._store(index, event, ts)
+                res = index.store(event, ts)[1]
+                if res is not None and ts > res.session.last_seen:
+                    res.session.last_seen = ts
             elif isinstance(event, EntriesRemoved):
                 part = index.part(event.medium, event.group_idx)
                 if part is not None:
@@ -165,23 +166,6 @@ class MemoryStore:
         if rows:
             key = w.key
             self._feed.publish(FeedRecord(key.pod, key.dp_rank, ts, rows, losses=losses))
-
-    def _store(self, index: WorkerIndex[Part, _Residency], event: EntriesStored, ts: float) -> None:
-        part = index.part(event.medium, event.group_idx)
-        if part is None:
-            part = index.new_part(event.medium, event.group_idx)
-        hashes = event.block_hashes
-        if part.pending:
-            index.confirm(part, hashes)
-        if event.session_id is None:
-            index.store_orphans(part, hashes)
-            return
-        res = index.stored_by(event.session_id, ts)
-        session = res.session
-        if ts > session.last_seen:
-            session.last_seen = ts
-        note_store(res, event)
-        index.hold(part, res, hashes)
 
     def _new_residency(self, key: WorkerKey, session_id: str) -> _Residency:
         session = self._sessions.get(session_id)

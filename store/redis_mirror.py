@@ -32,7 +32,6 @@ from store.model import (
     Hash,
     WorkerCleared,
     advance,
-    note_store,
 )
 from store.redis_layout import (
     NO_PROGRESS,
@@ -239,22 +238,18 @@ class Mirror:
         if part is None:
             part = index.new_part(event.medium, event.group_idx)
             plan.call(HSET, self.keys.parts, [part.pid, encode_part(part.medium, part.group)])
-        hashes = event.block_hashes
         if part.pending:
-            self._confirm_in(plan, part, hashes)
-        if event.session_id is None:
-            new = index.store_orphans(part, hashes)
-            if new:
-                plan.index(STORE_INDEXED, part.entry_base, members(new), part.orphans_key)
+            self._confirm_in(plan, part, event.block_hashes)
+        part, res, added, fresh, adopted = index.store(event, ts)
+        if res is None:
+            if added:
+                plan.index(STORE_INDEXED, part.entry_base, members(added), part.orphans_key)
             return
-        res = index.stored_by(event.session_id, ts)
         if res.last_store == ts:
             res.last_store_text = text
         sid = res.session_id
         stored[sid] = None
         touched[sid] = res  # its lost blocks and frontier change with every store
-        note_store(res, event)
-        added, fresh, adopted = index.hold(part, res, hashes)
         if adopted:
             plan.call(SREM, part.orphans_key, members(adopted))
         if added:
@@ -277,17 +272,20 @@ class Mirror:
         """Removals, grouped per set; a set losing one member (the common case: evicted
         blocks of many sessions) goes in one SREM1 op with the others (two args each)."""
         out = self.index.remove(part, hashes, 1)
-        if out.orphans:
-            plan.call(SREM, part.orphans_key, members(out.orphans))
-        if out.gone:
-            plan.index(INDEX_DEL, part.entry_base, members(out.gone))
-        if not out.sessions:
+        orphans = out.orphans()
+        if orphans:
+            plan.call(SREM, part.orphans_key, members(orphans))
+        gone = out.gone()
+        if gone:
+            plan.index(INDEX_DEL, part.entry_base, members(gone))
+        sessions = out.sessions()
+        if not sessions:
             return
         pid = part.pid
         residencies = self.index.residencies
         single_keys: list[str] = []
         singles: list[Hash] = []
-        for sid, group in out.sessions.items():
+        for sid, group in sessions.items():
             res = residencies[sid]
             key = res.set_keys.get(pid) or self._key(res, pid)
             if len(group) == 1:
@@ -342,11 +340,12 @@ class Mirror:
             dropped += len(pending)
             deletes.append(part.unconfirmed_key)
             out = index.remove(part, pending, 0)
-            for h in out.gone:
+            for h in out.gone():
                 removals.setdefault(part.entry_keys[bucket(h)], []).append(h)
-            if out.orphans:
-                removals[part.orphans_key] = out.orphans
-            for sid, group in out.sessions.items():
+            orphans = out.orphans()
+            if orphans:
+                removals[part.orphans_key] = orphans
+            for sid, group in out.sessions().items():
                 res = touched[sid] = index.residencies[sid]
                 removals[self._key(res, part.pid)] = group
         plan = Plan(self.keys)
@@ -429,7 +428,7 @@ class Mirror:
         rows = self.index.rows()
         if rows:
             worker = self.keys.worker
-            record = FeedRecord(worker.pod, worker.dp_rank, ts, rows, losses=losses)
+            record = FeedRecord(worker.pod, worker.dp_rank, ts, tuple(sorted(rows)), losses=losses)
             plan.call(
                 XADD,
                 self.keys.feed,
