@@ -28,7 +28,7 @@ from store.model import (
     Holders,
     PartKey,
     idle,
-    note_store,
+    next_position,
     release,
 )
 
@@ -224,8 +224,9 @@ class WorkerIndex(Generic[P, R]):
     ) -> tuple[P, R | None, list[Hash], list[Hash], list[Hash] | None]:
         """Apply a store at engine time `ts`: the part gains the entries, the session's
         residency (moved to the end of the last-store order when `ts` is its latest) holds
-        them, and its frontier moves (`note_store`). Unconfirmed entries it names are
-        confirmed first (`confirm`, by the caller, when it must know which).
+        them, nothing is lost since and its frontier moves (`next_position`). Unconfirmed
+        entries it names are confirmed first (`confirm`, by the caller if it must know
+        which).
 
         Returns (part, residency or None for a store of no session, entries new to the
         residency (of no session: new to the worker), of those the ones new to the worker,
@@ -253,7 +254,13 @@ class WorkerIndex(Generic[P, R]):
             key = res.session_id
             del residencies[key]  # to the end: the dict stays in last-store order
             residencies[key] = res
-        note_store(res, event)
+        res.lost = 0
+        if event.block_size is not None:
+            res.block_size = event.block_size
+        if hashes:
+            parent = event.parent_block_hash
+            res.position = next_position(res.position, res.frontier, parent, hashes)
+            res.frontier = hashes[-1]
         sid = res.session_id  # one string object per session: holders compare with `is`
         before = len(holders)
         adopted = None
@@ -282,37 +289,47 @@ class WorkerIndex(Generic[P, R]):
         """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
         policy's drops) is what each adds to a session's lost blocks."""
         popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
-        tally: dict[str, int] = {}
-        get = tally.get
+        residencies, pid, batch = self.residencies, part.pid, self._batch
         for cur in popped:
-            if isinstance(cur, str):
-                tally[cur] = get(cur, 0) + 1
+            if isinstance(cur, str):  # `_lose`, inlined: one pass per evicted entry
+                res = residencies[cur]
+                counts = res.counts
+                left = counts[pid] - 1
+                if left:
+                    counts[pid] = left
+                else:
+                    del counts[pid]
+                res.total -= 1
+                res.lost += lost
+                if not res.total:
+                    self.active -= 1
+                if res.batch != batch:
+                    res.batch = batch
+                    res.added = res.removed = 0
+                    self._changed.append(res)
+                res.removed += 1
             elif isinstance(cur, set):  # an entry several sessions hold
                 for sid in cur:
-                    tally[sid] = get(sid, 0) + 1
-        if tally:
-            self._uncount(part.pid, tally, lost)
+                    self._lose(residencies[sid], pid, lost)
         return Removed(hashes, popped)
 
-    def _uncount(self, pid: int, tally: dict[str, int], lost: int) -> None:
-        residencies, batch, changed = self.residencies, self._batch, self._changed
-        for sid, n in tally.items():
-            res = residencies[sid]
-            left = res.counts[pid] - n
-            if left:
-                res.counts[pid] = left
-            else:
-                del res.counts[pid]
-            res.total -= n
-            if lost:
-                res.lost += n
-            if not res.total:
-                self.active -= 1
-            if res.batch != batch:
-                res.batch = batch
-                res.added = res.removed = 0
-                changed.append(res)
-            res.removed += n
+    def _lose(self, res: R, pid: int, lost: int) -> None:
+        """One entry of part `pid` leaves `res` (`lost`: 1 if eviction took it)."""
+        counts = res.counts
+        left = counts[pid] - 1
+        if left:
+            counts[pid] = left
+        else:
+            del counts[pid]
+        res.total -= 1
+        res.lost += lost
+        if not res.total:
+            self.active -= 1
+        if res.batch != self._batch:
+            res.batch = self._batch
+            res.added = res.removed = 0
+            self._changed.append(res)
+        res.removed += 1
 
     def clear(self) -> list[tuple[R, list[int]]]:
         """Every entry gone (the engine's cache emptied: a restart, `WorkerCleared`, a worker

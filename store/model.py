@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -177,7 +177,7 @@ class Frontier(msgspec.Struct, frozen=True, gc=False):
     - unchanged when it ends on the frontier (the same blocks in another medium or group);
     - unknown otherwise (a prefix another session stored, a reuse report cut short).
     Positions are thus known along one chain from its tail: O(1) per store, nothing kept
-    per block. Both backends move it with `next_position`.
+    per block. The index core (store/core.py) moves it with `next_position`.
     """
 
     block_hash: Hash
@@ -194,27 +194,6 @@ def next_position(
     if parent == frontier:
         return None if position is None else position + len(hashes)
     return position if hashes[-1] == frontier else None
-
-
-class Progressing(Protocol):
-    """A residency's eviction bookkeeping, as both backends keep it (`SessionOnWorker`)."""
-
-    lost: int
-    block_size: int | None
-    frontier: Hash | None
-    position: int | None
-
-
-def note_store(res: Progressing, event: EntriesStored) -> None:
-    """What a store does to that bookkeeping: nothing lost since, the store's block size,
-    and the frontier advanced to its last hash (`next_position`)."""
-    res.lost = 0
-    if event.block_size is not None:
-        res.block_size = event.block_size
-    hashes = event.block_hashes
-    if hashes:
-        res.position = next_position(res.position, res.frontier, event.parent_block_hash, hashes)
-        res.frontier = hashes[-1]
 
 
 def idle(last_store: float, older_than: float) -> bool:
