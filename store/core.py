@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping
+from functools import partial
+from operator import is_not
 from typing import Final, Generic, TypeVar
 
 from store.feed import ResidencyRow
@@ -34,6 +36,9 @@ from store.model import (
 
 ABSENT: Final[set[str]] = set()
 """Default of `holders.get`: an object of the holder type that is never stored."""
+
+_SET_HOLDS: Final[Callable[[Holders | bool, str], bool]] = set.__contains__  # type: ignore[assignment]
+"""`set.__contains__` as a function of any holder: TypeError unless it is a set."""
 
 _NOT_HELD: Final = itertools.repeat(False)
 """Defaults of a removal's `holders.pop`: False, never a holder."""
@@ -268,6 +273,8 @@ class WorkerIndex(Generic[P, R]):
             holders.update(dict.fromkeys(hashes, sid))
             n = len(holders) - before
             added = fresh = hashes if n == len(hashes) else list(dict.fromkeys(hashes))
+        elif _holds_all(holders, sid, hashes):  # a reuse report of what it holds
+            return part, res, [], [], None
         else:
             added, fresh, adopted = _hold_each(holders, sid, hashes)
             n = len(added)
@@ -431,6 +438,19 @@ class WorkerIndex(Generic[P, R]):
                     if held is not None:
                         held.setdefault(pid, []).append(h)
         return out
+
+
+def _holds_all(holders: dict[Hash, Holders], sid: str, hashes: list[Hash]) -> bool:
+    """Whether `sid` holds every one of `hashes` already, alone or with others; in C loops
+    (map, filter, count), not a Python one: engines report the reuse of a whole prefix."""
+    found = list(map(holders.get, hashes, _NOT_HELD))
+    if found.count(sid) == len(found):
+        return True
+    try:  # the rest must be sets holding `sid`; None, False or another id raise
+        rest = filter(partial(is_not, sid), found)
+        return all(map(_SET_HOLDS, rest, itertools.repeat(sid)))
+    except TypeError:
+        return False
 
 
 def _hold_each(
