@@ -67,8 +67,9 @@ class Residency:
         "added",
         "batch",
         "block_size",
-        "counts",
         "frontier",
+        "in_first",
+        "in_others",
         "last_store",
         "lost",
         "position",
@@ -81,10 +82,13 @@ class Residency:
         self.session_id = session_id
         self.last_store = last_store
         """Engine time of the session's latest store on this worker (the idle rule's clock)."""
-        self.counts: dict[int, int] = {}
-        """Entries held per part id; a part with none is absent."""
+        self.in_first = 0
+        """Entries held in part 0 (most workers have no other): kept in the residency, not
+        in a dict, so a store or a removal touches one object fewer."""
+        self.in_others: dict[int, int] = {}
+        """Entries held per other part id; a part with none is absent."""
         self.total = 0
-        """The sum of `counts`, kept as they change: counting is on every query path."""
+        """The sum of the counts, kept as they change: counting is on every query path."""
         self.lost = 0
         self.block_size: int | None = None
         self.frontier: Hash | None = None
@@ -94,6 +98,15 @@ class Residency:
         """The write `added` and `removed` count for (the change feed's per-write delta)."""
         self.added = 0
         self.removed = 0
+
+    def counts(self) -> dict[int, int]:
+        """Entries held per part id, the parts holding none left out."""
+        if self.in_first:
+            return {0: self.in_first, **self.in_others}
+        return dict(self.in_others)
+
+    def holds_in(self, pid: int) -> bool:
+        return bool(self.in_first) if pid == 0 else pid in self.in_others
 
 
 class Removed:
@@ -282,9 +295,12 @@ class WorkerIndex(Generic[P, R]):
             if not res.total:
                 self.active += 1
             res.total += n
-            counts = res.counts
             pid = part.pid
-            counts[pid] = counts.get(pid, 0) + n
+            if pid:
+                others = res.in_others
+                others[pid] = others.get(pid, 0) + n
+            else:
+                res.in_first += n
             if res.batch != self._batch:
                 res.batch = self._batch
                 res.added = res.removed = 0
@@ -300,12 +316,10 @@ class WorkerIndex(Generic[P, R]):
         for cur in popped:
             if isinstance(cur, str):  # `_lose`, inlined: one pass per evicted entry
                 res = residencies[cur]
-                counts = res.counts
-                left = counts[pid] - 1
-                if left:
-                    counts[pid] = left
+                if pid:
+                    _uncount_other(res.in_others, pid)
                 else:
-                    del counts[pid]
+                    res.in_first -= 1
                 res.total -= 1
                 res.lost += lost
                 if not res.total:
@@ -322,12 +336,10 @@ class WorkerIndex(Generic[P, R]):
 
     def _lose(self, res: R, pid: int, lost: int) -> None:
         """One entry of part `pid` leaves `res` (`lost`: 1 if eviction took it)."""
-        counts = res.counts
-        left = counts[pid] - 1
-        if left:
-            counts[pid] = left
+        if pid:
+            _uncount_other(res.in_others, pid)
         else:
-            del counts[pid]
+            res.in_first -= 1
         res.total -= 1
         res.lost += lost
         if not res.total:
@@ -352,8 +364,9 @@ class WorkerIndex(Generic[P, R]):
             elif res.total:
                 closed.append((sid, 0, res.total, 0))
             if res.total:
-                emptied.append((res, list(res.counts)))
-                res.counts.clear()
+                emptied.append((res, list(res.counts())))
+                res.in_first = 0
+                res.in_others.clear()
                 res.lost += res.total
                 res.total = 0
         self._changed = []
@@ -418,7 +431,10 @@ class WorkerIndex(Generic[P, R]):
         if added:
             if not res.total:
                 self.active += 1
-            res.counts[part.pid] = res.counts.get(part.pid, 0) + added
+            if part.pid:
+                res.in_others[part.pid] = res.in_others.get(part.pid, 0) + added
+            else:
+                res.in_first += added
             res.total += added
 
     def load_orphans(self, part: P, hashes: Iterable[Hash]) -> None:
@@ -483,3 +499,12 @@ def _hold_each(
             cur.add(sid)
         added.append(h)
     return added, fresh, adopted
+
+
+def _uncount_other(others: dict[int, int], pid: int) -> None:
+    """One entry of part `pid` (not 0) leaves a residency's `in_others`."""
+    left = others[pid] - 1
+    if left:
+        others[pid] = left
+    else:
+        del others[pid]

@@ -71,7 +71,7 @@ class _Residency(Residency):
 
     def view(self, key: WorkerKey, index: WorkerIndex[Part, _Residency]) -> SessionOnWorker:
         by_medium: dict[str, int] = {}
-        for pid, n in self.counts.items():
+        for pid, n in self.counts().items():
             medium = index.by_pid[pid].medium
             by_medium[medium] = by_medium.get(medium, 0) + n
         return SessionOnWorker(

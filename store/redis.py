@@ -551,12 +551,13 @@ class RedisStore(RedisReader, RedisInstances):
             pipe = self._pipeline()
             pipe.hmget(w.keys.res, [r.session_id for r in due])
             for res in due:
-                for pid in res.counts:
+                for pid in res.counts():
                     pipe.smembers(mirror.keys.session(pid, res.session_id))
             out = await pipe.execute()
             sets = iter(out[1:])
             held = [
-                (res, {pid: [hash_of(m) for m in next(sets)] for pid in res.counts}) for res in due
+                (res, {pid: [hash_of(m) for m in next(sets)] for pid in res.counts()})
+                for res in due
             ]
             token = self._token()
             try:

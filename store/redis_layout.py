@@ -241,6 +241,6 @@ class MirrorResidency(Residency):
     def value(self) -> str:
         """The residency hash's value (`encode_residency`)."""
         progress = encode_progress(self.lost, self.block_size, self.frontier, self.position)
-        if self.total == self.counts.get(0):  # one part, the first: the common case
+        if self.total and self.total == self.in_first:  # one part, the first: the common case
             return f"{self.last_store_text}{progress} 0:{self.total}"
-        return encode_residency(self.last_store, self.counts, progress)
+        return encode_residency(self.last_store, self.counts(), progress)

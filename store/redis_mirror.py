@@ -320,7 +320,7 @@ class Mirror:
         for part in index.by_pid.values():
             if part.pending:
                 pid = part.pid
-                sources = [self._key(r, pid) for r in index.residencies.values() if pid in r.counts]
+                sources = [self._key(r, pid) for r in index.residencies.values() if r.holds_in(pid)]
                 plan.union_store(part.unconfirmed_key, [*sources, part.orphans_key])
             else:
                 plan.delete([part.unconfirmed_key])
