@@ -52,12 +52,29 @@ EXPIRE_CHUNK = 1_000
 class _Session:
     """A session across workers; kept after its entries are gone until it ages out."""
 
-    __slots__ = ("last_seen", "session_id", "workers")
+    __slots__ = ("ended", "session_id", "workers")
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self.workers: dict[WorkerKey, _Residency] = {}
-        self.last_seen = 0.0
+        self.ended = 0.0
+        """The latest last store of the residencies it no longer has (dropped, or their
+        worker removed)."""
+
+    def last_seen(self) -> float:
+        """Its latest store on any worker: read from its residencies, so a store writes
+        none of this (one object fewer per store on ingest). O(its residencies)."""
+        seen = self.ended
+        for res in self.workers.values():
+            if res.last_store > seen:
+                seen = res.last_store
+        return seen
+
+    def end(self, worker: WorkerKey) -> None:
+        """Its residency on `worker` ends; its last store still counts."""
+        res = self.workers.pop(worker)
+        if res.last_store > self.ended:
+            self.ended = res.last_store
 
 
 class _Residency(Residency):
@@ -143,9 +160,7 @@ class MemoryStore:
         ts = batch.ts
         for event in batch.events:
             if isinstance(event, EntriesStored):
-                res = index.store(event, ts)[1]
-                if res is not None and ts > res.session.last_seen:
-                    res.session.last_seen = ts
+                index.store(event, ts)
             elif isinstance(event, EntriesRemoved):
                 part = index.part(event.medium, event.group_idx)
                 if part is not None:
@@ -232,9 +247,9 @@ class MemoryStore:
         w.index.clear()
         for res in w.index.residencies.values():
             session = res.session
-            del session.workers[worker]
+            session.end(worker)
             if not session.workers:
-                heapq.heappush(self._retired, (session.last_seen, session.session_id))
+                heapq.heappush(self._retired, (session.ended, session.session_id))
         self._publish(w, _engine_time(w), losses=False)
 
     async def expire_sessions(self, older_than: float, limit: int) -> Expired:
@@ -261,7 +276,7 @@ class MemoryStore:
             _, sid = heapq.heappop(retired)
             looked += 1
             session = self._sessions.get(sid)
-            if session is not None and not session.workers and idle(session.last_seen, older_than):
+            if session is not None and not session.workers and idle(session.ended, older_than):
                 del self._sessions[sid]
                 sessions += 1
         more = more or bool(retired and retired[0][0] < older_than)
@@ -285,13 +300,13 @@ class MemoryStore:
             session = res.session
             sid = session.session_id
             index.drop(res, holding.get(sid, {}))
-            del session.workers[w.key]
+            session.end(w.key)
             if not session.workers:
-                if idle(session.last_seen, older_than):
+                if idle(session.ended, older_than):
                     del self._sessions[sid]
                     forgotten += 1
                 else:  # a removed worker saw it later: it stays until that ages out
-                    heapq.heappush(self._retired, (session.last_seen, sid))
+                    heapq.heappush(self._retired, (session.ended, sid))
         self._publish(w, _engine_time(w), losses=False)
         return len(due), forgotten
 
@@ -310,7 +325,7 @@ class MemoryStore:
         return SessionView(
             session_id=session_id,
             total_blocks=sum(s.blocks for s in workers),
-            last_seen=session.last_seen,
+            last_seen=session.last_seen(),
             workers=workers,
         )
 
@@ -363,7 +378,7 @@ class MemoryStore:
                 session_id=sid,
                 blocks=blocks,
                 workers=sum(1 for c in counts if c),
-                last_seen=session.last_seen,
+                last_seen=session.last_seen(),
             )
 
     async def list_workers(self) -> list[WorkerView]:
