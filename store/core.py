@@ -27,17 +27,16 @@ from store.model import (
     EntriesStored,
     Fence,
     Hash,
-    Holders,
     PartKey,
     idle,
     next_position,
     release,
 )
 
-ABSENT: Final[set[str]] = set()
+ABSENT: Final[set[Residency]] = set()
 """Default of `holders.get`: an object of the holder type that is never stored."""
 
-_SET_HOLDS: Final[Callable[[Holders | bool, str], bool]] = set.__contains__  # type: ignore[assignment]
+_SET_HOLDS: Final[Callable[[Holders | bool, Residency], bool]] = set.__contains__  # type: ignore[assignment]
 """`set.__contains__` as a function of any holder: TypeError unless it is a set."""
 
 _NOT_HELD: Final = itertools.repeat(False)
@@ -109,6 +108,12 @@ class Residency:
         return bool(self.in_first) if pid == 0 else pid in self.in_others
 
 
+Holders = Residency | set[Residency] | None
+"""Who holds an entry in a part: no session, one session's residency (the common case, kept
+bare to spare a set per block), or several (a shared prefix such as a system prompt). The
+residency itself, not its session id: a removal reaches it without a lookup."""
+
+
 class Removed:
     """What a removal took, worked out only when asked (the memory store never asks): every
     entry gone, those no session held, and per session the entries it lost (in order of
@@ -132,10 +137,10 @@ class Removed:
         for h, cur in zip(self.hashes, self.popped, strict=True):
             if cur is None or cur is False or cur is True:
                 continue
-            for sid in (cur,) if isinstance(cur, str) else cur:
-                group = out.get(sid)
+            for res in (cur,) if isinstance(cur, Residency) else cur:
+                group = out.get(res.session_id)
                 if group is None:
-                    out[sid] = [h]
+                    out[res.session_id] = [h]
                 else:
                     group.append(h)
         return out
@@ -169,7 +174,7 @@ class WorkerIndex(Generic[P, R]):
         """Residencies holding at least one entry: the worker's `sessions` count."""
         self.fence: Fence | None = None
         self._batch = 0
-        self._changed: list[R] = []
+        self._changed: list[Residency] = []
         """Residencies whose entries the current write changed, for the change feed."""
         self._closed: list[ResidencyRow] = []
         """Rows of residencies the current write ended (a clear, an expiry)."""
@@ -279,17 +284,16 @@ class WorkerIndex(Generic[P, R]):
             parent = event.parent_block_hash
             res.position = next_position(res.position, res.frontier, parent, hashes)
             res.frontier = hashes[-1]
-        sid = res.session_id  # one string object per session: holders compare with `is`
         before = len(holders)
         adopted = None
         if holders.keys().isdisjoint(hashes):  # all new to the worker: the common case
-            holders.update(dict.fromkeys(hashes, sid))
+            holders.update(dict.fromkeys(hashes, res))
             n = len(holders) - before
             added = fresh = hashes if n == len(hashes) else list(dict.fromkeys(hashes))
-        elif _holds_all(holders, sid, hashes):  # a reuse report of what it holds
+        elif _holds_all(holders, res, hashes):  # a reuse report of what it holds
             return part, res, [], [], None
         else:
-            added, fresh, adopted = _hold_each(holders, sid, hashes)
+            added, fresh, adopted = _hold_each(holders, res, hashes)
             n = len(added)
         if n:
             if not res.total:
@@ -312,10 +316,10 @@ class WorkerIndex(Generic[P, R]):
         """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
         policy's drops) is what each adds to a session's lost blocks."""
         popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
-        residencies, pid, batch = self.residencies, part.pid, self._batch
+        pid, batch = part.pid, self._batch
         for cur in popped:
-            if isinstance(cur, str):  # `_lose`, inlined: one pass per evicted entry
-                res = residencies[cur]
+            if isinstance(cur, Residency):  # `_lose`, inlined: one pass per evicted entry
+                res = cur
                 if pid:
                     _uncount_other(res.in_others, pid)
                 else:
@@ -330,11 +334,11 @@ class WorkerIndex(Generic[P, R]):
                     self._changed.append(res)
                 res.removed += 1
             elif isinstance(cur, set):  # an entry several sessions hold
-                for sid in cur:
-                    self._lose(residencies[sid], pid, lost)
+                for res in cur:
+                    self._lose(res, pid, lost)
         return Removed(hashes, popped)
 
-    def _lose(self, res: R, pid: int, lost: int) -> None:
+    def _lose(self, res: Residency, pid: int, lost: int) -> None:
         """One entry of part `pid` leaves `res` (`lost`: 1 if eviction took it)."""
         if pid:
             _uncount_other(res.in_others, pid)
@@ -396,6 +400,7 @@ class WorkerIndex(Generic[P, R]):
         stays on the worker (`release`); returns, per part, those it leaves held by none. Its
         feed row, if it held entries, removes them all (not losses)."""
         sid = res.session_id
+        holder: Residency = res
         orphaned: dict[int, list[Hash]] = {}
         for pid, hashes in held.items():
             holders = self.by_pid[pid].holders
@@ -403,7 +408,7 @@ class WorkerIndex(Generic[P, R]):
             for h in hashes:
                 cur = holders.get(h, ABSENT)
                 if cur is not ABSENT:
-                    holders[h] = after = release(cur, sid)
+                    holders[h] = after = release(cur, holder)
                     if after is None:
                         orphans.append(h)
         if res.total:
@@ -417,16 +422,15 @@ class WorkerIndex(Generic[P, R]):
     def load(self, part: P, res: R, hashes: Iterable[Hash]) -> None:
         """`res` holds `hashes` in `part`, as read back from a store (no feed row)."""
         holders = part.holders
-        sid = res.session_id
         added = 0
         for h in hashes:
             cur = holders.get(h, ABSENT)
             if cur is ABSENT or cur is None:
-                holders[h] = sid
-            elif isinstance(cur, str):
-                holders[h] = {cur, sid}
+                holders[h] = res
+            elif isinstance(cur, Residency):
+                holders[h] = {cur, res}
             else:
-                cur.add(sid)
+                cur.add(res)
             added += 1
         if added:
             if not res.total:
@@ -449,28 +453,28 @@ class WorkerIndex(Generic[P, R]):
             for h, cur in part.holders.items():
                 if cur is None:
                     continue
-                for sid in (cur,) if isinstance(cur, str) else cur:
-                    held = out.get(sid)
+                for res in (cur,) if isinstance(cur, Residency) else cur:
+                    held = out.get(res.session_id)
                     if held is not None:
                         held.setdefault(pid, []).append(h)
         return out
 
 
-def _holds_all(holders: dict[Hash, Holders], sid: str, hashes: list[Hash]) -> bool:
-    """Whether `sid` holds every one of `hashes` already, alone or with others; in C loops
+def _holds_all(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]) -> bool:
+    """Whether `res` holds every one of `hashes` already, alone or with others; in C loops
     (map, filter, count), not a Python one: engines report the reuse of a whole prefix."""
     found = list(map(holders.get, hashes, _NOT_HELD))
-    if found.count(sid) == len(found):
+    if found.count(res) == len(found):
         return True
-    try:  # the rest must be sets holding `sid`; None, False or another id raise
-        rest = filter(partial(is_not, sid), found)
-        return all(map(_SET_HOLDS, rest, itertools.repeat(sid)))
+    try:  # the rest must be sets holding `res`; None, False or another residency raise
+        rest = filter(partial(is_not, res), found)
+        return all(map(_SET_HOLDS, rest, itertools.repeat(res)))
     except TypeError:
         return False
 
 
 def _hold_each(
-    holders: dict[Hash, Holders], sid: str, hashes: list[Hash]
+    holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]
 ) -> tuple[list[Hash], list[Hash], list[Hash] | None]:
     """`store` when some hashes are on the worker already: one look per hash."""
     added: list[Hash] = []
@@ -479,24 +483,22 @@ def _hold_each(
     for h in hashes:
         cur = holders.get(h, ABSENT)
         if cur is ABSENT:
-            holders[h] = sid
+            holders[h] = res
             fresh.append(h)
         elif cur is None:
-            holders[h] = sid
+            holders[h] = res
             if adopted is None:
                 adopted = [h]
             else:
                 adopted.append(h)
-        elif cur is sid:
+        elif cur is res:
             continue
-        elif isinstance(cur, str):
-            if cur == sid:
-                continue
-            holders[h] = {cur, sid}
-        elif sid in cur:
+        elif isinstance(cur, Residency):
+            holders[h] = {cur, res}
+        elif res in cur:
             continue
         else:
-            cur.add(sid)
+            cur.add(res)
         added.append(h)
     return added, fresh, adopted
 

@@ -21,9 +21,11 @@ PartKey = tuple[str, int]
 """(medium, group_idx): the part of a worker's cache an entry lives in."""
 
 Holders = str | set[str] | None
-"""Who holds an entry in a writer's reverse map: no session, one (the common case, kept as
-the bare id to spare a set per block), or several (a shared prefix such as a system prompt).
-Ids are one string object per session, so the common check is `is`."""
+"""Who holds an entry, by session id: no session, one (the common case, kept bare to spare a
+set per block), or several (a shared prefix such as a system prompt). The index core
+(store/core.py) keeps residency objects the same way; `release` takes either."""
+
+HolderT = TypeVar("HolderT")
 
 
 class WorkerKey(NamedTuple):
@@ -205,15 +207,19 @@ def idle(last_store: float, older_than: float) -> bool:
     return last_store < older_than
 
 
-def release(holders: Holders, session_id: str) -> Holders:
-    """An entry's holders after `session_id`'s residency is dropped: the others, or None
-    (the entry stays on the worker, held by no session)."""
-    if holders is None or isinstance(holders, str):
-        return None if holders == session_id else holders
-    rest = holders - {session_id}
-    if len(rest) > 1:
-        return rest
-    return next(iter(rest)) if rest else None
+def release(
+    holders: HolderT | set[HolderT] | None, holder: HolderT
+) -> HolderT | set[HolderT] | None:
+    """An entry's holders after `holder`'s residency is dropped: the others, or None (the
+    entry stays on the worker, held by no session)."""
+    if holders is None:
+        return None
+    if isinstance(holders, set):
+        rest = holders - {holder}
+        if len(rest) > 1:
+            return rest
+        return next(iter(rest)) if rest else None
+    return None if holders == holder else holders
 
 
 class Expired(NamedTuple):
