@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
-from store.core import Part, Residency, WorkerIndex
+from store.core import WorkerIndex
 from store.feed import FeedHub, FeedRecord, WorkerChange
 from store.model import (
     ApplyOutcome,
@@ -44,6 +44,7 @@ from store.model import (
     tally_losses,
 )
 from store.paging import SessionOrder, page_hashes, page_sessions
+from store.records import Part, Residency
 
 EXPIRE_CHUNK = 1_000
 """Residencies `expire_sessions` drops between two yields to the event loop."""
