@@ -213,42 +213,24 @@ class WorkerIndex(Generic[P, R]):
         policy's drops) is what each adds to a session's lost blocks."""
         popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
         pid, batch = part.pid, self._batch
-        for cur in popped:
-            if isinstance(cur, Residency):  # `_lose`, inlined: one pass per evicted entry
-                res = cur
-                if pid:
-                    _uncount_other(res.in_others, pid)
-                else:
-                    res.in_first -= 1
-                res.total -= 1
-                res.lost += lost
-                if not res.total:
-                    self.active -= 1
-                if res.batch != batch:
-                    res.batch = batch
-                    res.added = res.removed = 0
-                    self._changed.append(res)
-                res.removed += 1
-            elif isinstance(cur, set):  # an entry several sessions hold
-                for res in cur:
-                    self._lose(res, pid, lost)
+        losers = popped if set not in map(type, popped) else _each_holder(popped)
+        for res in losers:
+            if not isinstance(res, Residency):
+                continue  # not on the worker (False), or held by no session (None)
+            if pid:
+                _uncount_other(res.in_others, pid)
+            else:
+                res.in_first -= 1
+            res.total -= 1
+            res.lost += lost
+            if not res.total:
+                self.active -= 1
+            if res.batch != batch:
+                res.batch = batch
+                res.added = res.removed = 0
+                self._changed.append(res)
+            res.removed += 1
         return Removed(hashes, popped)
-
-    def _lose(self, res: Residency, pid: int, lost: int) -> None:
-        """One entry of part `pid` leaves `res` (`lost`: 1 if eviction took it)."""
-        if pid:
-            _uncount_other(res.in_others, pid)
-        else:
-            res.in_first -= 1
-        res.total -= 1
-        res.lost += lost
-        if not res.total:
-            self.active -= 1
-        if res.batch != self._batch:
-            res.batch = self._batch
-            res.added = res.removed = 0
-            self._changed.append(res)
-        res.removed += 1
 
     def clear(self) -> list[tuple[R, list[int]]]:
         """Every entry gone (the engine's cache emptied: a restart, `WorkerCleared`, a worker
@@ -397,6 +379,17 @@ def _hold_each(
             cur.add(res)
         added.append(h)
     return added, fresh, adopted
+
+
+def _each_holder(popped: list[Holders | bool]) -> list[Holders | bool]:
+    """`popped` with each set of holders (an entry several sessions hold) spread out."""
+    out: list[Holders | bool] = []
+    for cur in popped:
+        if isinstance(cur, set):
+            out += cur
+        else:
+            out.append(cur)
+    return out
 
 
 def _uncount_other(others: dict[int, int], pid: int) -> None:
