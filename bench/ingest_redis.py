@@ -29,7 +29,7 @@ from ingest_memory import agentic, block_events, small_events
 
 from api.app import create_app
 from kvsi.logs import configure_logging
-from store.model import Batch, BlocksStored, WorkerKey
+from store.model import Batch, EntriesStored, WorkerKey
 from store.redis import RedisStore
 from store.redis_layout import decode_residency
 from subscriber.decode import ingest_decoder
@@ -212,14 +212,14 @@ async def query_latency(
     workers = [WorkerKey(f"pod-{i}", 0) for i in range(8)]
     seqs = dict.fromkeys(workers, 0)
     for first in range(0, sessions, 64):
-        per_worker: dict[WorkerKey, list[BlocksStored]] = {w: [] for w in workers}
+        per_worker: dict[WorkerKey, list[EntriesStored]] = {w: [] for w in workers}
         for k in range(first, min(first + 64, sessions)):
             home = k % len(workers)
             per_worker[workers[home]].append(
-                BlocksStored([rng.getrandbits(64) for _ in range(8)], "GPU", 0, f"sess-{k}")
+                EntriesStored([rng.getrandbits(64) for _ in range(8)], "GPU", 0, f"sess-{k}")
             )
             per_worker[workers[(home + 1) % len(workers)]].append(
-                BlocksStored([rng.getrandbits(64) for _ in range(2)], "CPU", 0, f"sess-{k}")
+                EntriesStored([rng.getrandbits(64) for _ in range(2)], "CPU", 0, f"sess-{k}")
             )
         for worker, events in per_worker.items():
             await store.apply(worker, Batch(seqs[worker], 1000.0 + first, list(events)))

@@ -26,7 +26,7 @@ from kvsi.janitor import sweep
 from kvsi.logs import configure_logging
 from store.base import IndexStore
 from store.memory import MemoryStore
-from store.model import Batch, BlocksRemoved, BlocksStored, StoreEvent, WorkerKey
+from store.model import Batch, EntriesRemoved, EntriesStored, StoreEvent, WorkerKey
 from store.redis import RedisStore
 
 LONG_GAP = 1800.0
@@ -120,8 +120,8 @@ class Workload:
             self.next_hash += len(own)
             prompt = self.ref.prompt
             events[s.worker] += [
-                BlocksStored(prompt, "GPU", 0, s.sid, None, 16),  # a reuse report of the prompt
-                BlocksStored(own, "GPU", 0, s.sid, s.last or prompt[-1], 16),
+                EntriesStored(prompt, "GPU", 0, s.sid, None, 16),  # a reuse report of the prompt
+                EntriesStored(own, "GPU", 0, s.sid, s.last or prompt[-1], 16),
             ]
             self.ref.store(s.sid, s.worker, own, t + step)
             s.last = own[-1]
@@ -137,7 +137,7 @@ class Workload:
         for w in range(self.args.workers):
             gone = self.ref.evict(w, self.args.capacity)
             if gone:
-                events[w].append(BlocksRemoved(gone, "GPU", 0))
+                events[w].append(EntriesRemoved(gone, "GPU", 0))
             if events[w]:
                 out.append((w, Batch(self.seqs[w], t + step, events[w])))
                 self.seqs[w] += 1

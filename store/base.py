@@ -66,7 +66,7 @@ class IndexWriter(Protocol):
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
         """Flag every current entry of the worker as unconfirmed (an unrepaired gap).
 
-        Entries stay visible; a later BlocksStored of an entry confirms it, a removal drops
+        Entries stay visible; a later EntriesStored of an entry confirms it, a removal drops
         it as usual. Returns how many were flagged. Cost: O(worker entries), off the hot path;
         while flags exist, each stored block costs one more set operation.
         """
@@ -105,7 +105,9 @@ class IndexWriter(Protocol):
         Bounded: per worker at most `limit` residencies, least recently stored first (a
         residency is looked at only if it is dropped), and at most `limit` records of
         removed workers; `Expired.more` says some were left for the next pass. Never reads
-        every session or scans a keyspace. Cost: O(dropped residencies' blocks + workers).
+        every session or scans a keyspace. Cost: O(dropped residencies' blocks + workers);
+        in memory, plus one walk of a worker's entries per 1,000 residencies holding blocks
+        it drops there (a residency keeps counts, not hashes: store/core.py).
         Redis: a worker's residencies holding blocks are dropped only by a process writing
         that worker (its mirror holds the reverse map: store/README.md "Expiry").
         `written_only`: only the workers this process writes, and `Expired.sessions` not
@@ -141,7 +143,9 @@ class IndexReader(Protocol):
     ) -> Page[Hash] | None:
         """Distinct block hashes of the session, filtered by pod and medium, in hash order.
 
-        None for a session never seen. Raises InvalidCursorError. Cost: O(session blocks).
+        None for a session never seen. Raises InvalidCursorError. Cost: O(session blocks)
+        on Redis; in memory O(entries of the workers holding the session's blocks), read
+        from their reverse maps (a residency keeps counts, not hashes: store/core.py).
         """
         ...
 

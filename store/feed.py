@@ -51,8 +51,11 @@ Change = ResidencyChange | WorkerChange
 
 
 class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """One batch's residency changes on one worker (rows in session id order), or one worker
-    state change.
+    """One batch's residency changes on one worker, or one worker state change.
+
+    `changes` yields the rows in session id order, whatever order they were made in: the
+    memory store publishes them as its write made them (no sort per batch on ingest), the
+    Redis writer sorted.
 
     The unit writers publish (and the Redis store puts in its stream, msgpack-encoded).
     Untracked by the garbage collector, rows as tuples: the history holds thousands of these,
@@ -74,7 +77,7 @@ class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
         if self.state is not None:
             yield self.state
         losses = self.losses
-        for session_id, added, removed, blocks in self.rows:
+        for session_id, added, removed, blocks in sorted(self.rows):
             yield ResidencyChange(
                 session_id,
                 self.pod,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -21,9 +21,11 @@ PartKey = tuple[str, int]
 """(medium, group_idx): the part of a worker's cache an entry lives in."""
 
 Holders = str | set[str] | None
-"""Who holds an entry in a writer's reverse map: no session, one (the common case, kept as
-the bare id to spare a set per block), or several (a shared prefix such as a system prompt).
-Ids are one string object per session, so the common check is `is`."""
+"""Who holds an entry, by session id: no session, one (the common case, kept bare to spare a
+set per block), or several (a shared prefix such as a system prompt). The index core
+(store/core.py) keeps residency objects the same way; `release` takes either."""
+
+HolderT = TypeVar("HolderT")
 
 
 class WorkerKey(NamedTuple):
@@ -36,8 +38,10 @@ class WorkerKey(NamedTuple):
         return f"{self.pod}/{self.dp_rank}"
 
 
-class BlocksStored(msgspec.Struct, frozen=True, gc=False):
-    """Blocks now resident on the worker; `session_id` gains them in its residency.
+class EntriesStored(msgspec.Struct, frozen=True, gc=False):
+    """Entries now on the worker (a block hash each, in one medium and group); the session
+    residency of `session_id`, if any, gains them. The store's form of the wire's
+    `BlockStored` (subscriber/decode.py).
 
     `medium` None means GPU and `group_idx` None means 0, as in vLLM, so the ingest decoder
     can produce these directly from the wire without a conversion pass.
@@ -54,19 +58,21 @@ class BlocksStored(msgspec.Struct, frozen=True, gc=False):
     """Tokens per block (every vLLM release publishes it); None: not known."""
 
 
-class BlocksRemoved(msgspec.Struct, frozen=True, gc=False):
-    """Blocks evicted from one medium and group of the worker, and from every session."""
+class EntriesRemoved(msgspec.Struct, frozen=True, gc=False):
+    """Entries evicted from one medium and group of the worker, and from every session
+    residency holding them. The store's form of the wire's `BlockRemoved`."""
 
     block_hashes: list[Hash]
     medium: str | None = None
     group_idx: int | None = None
 
 
-class AllCleared(msgspec.Struct, frozen=True, gc=False):
-    """The worker dropped every block (prefix cache reset)."""
+class WorkerCleared(msgspec.Struct, frozen=True, gc=False):
+    """The worker dropped every entry (prefix cache reset); its session residencies stay,
+    holding none. The store's form of the wire's `AllBlocksCleared`."""
 
 
-StoreEvent = BlocksStored | BlocksRemoved | AllCleared
+StoreEvent = EntriesStored | EntriesRemoved | WorkerCleared
 
 
 class Batch(msgspec.Struct, gc=False):
@@ -173,7 +179,7 @@ class Frontier(msgspec.Struct, frozen=True, gc=False):
     - unchanged when it ends on the frontier (the same blocks in another medium or group);
     - unknown otherwise (a prefix another session stored, a reuse report cut short).
     Positions are thus known along one chain from its tail: O(1) per store, nothing kept
-    per block. Both backends move it with `next_position`.
+    per block. The index core (store/core.py) moves it with `next_position`.
     """
 
     block_hash: Hash
@@ -192,45 +198,28 @@ def next_position(
     return position if hashes[-1] == frontier else None
 
 
-class Progressing(Protocol):
-    """A residency's eviction bookkeeping, as both backends keep it (`SessionOnWorker`)."""
-
-    lost: int
-    block_size: int | None
-    frontier: Hash | None
-    position: int | None
-
-
-def note_store(res: Progressing, event: BlocksStored) -> None:
-    """What a store does to that bookkeeping: nothing lost since, the store's block size,
-    and the frontier advanced to its last hash (`next_position`)."""
-    res.lost = 0
-    if event.block_size is not None:
-        res.block_size = event.block_size
-    hashes = event.block_hashes
-    if hashes:
-        res.position = next_position(res.position, res.frontier, event.parent_block_hash, hashes)
-        res.frontier = hashes[-1]
-
-
 def idle(last_store: float, older_than: float) -> bool:
     """The idle rule (DESIGN invariant 5): a session residency whose session last stored on
-    its worker (`BlocksStored` with its `session_id`, engine time) before `older_than` is
+    its worker (`EntriesStored` with its `session_id`, engine time) before `older_than` is
     dropped, whatever it holds. The session loses it (view, listing, its reverse-map
     entries and eviction bookkeeping); its blocks stay in the worker's index (`release`). A
     session left with no residency and no record of a removed worker is forgotten."""
     return last_store < older_than
 
 
-def release(holders: Holders, session_id: str) -> Holders:
-    """An entry's holders after `session_id`'s residency is dropped: the others, or None
-    (the entry stays on the worker, held by no session)."""
-    if holders is None or isinstance(holders, str):
-        return None if holders == session_id else holders
-    rest = holders - {session_id}
-    if len(rest) > 1:
-        return rest
-    return next(iter(rest)) if rest else None
+def release(
+    holders: HolderT | set[HolderT] | None, holder: HolderT
+) -> HolderT | set[HolderT] | None:
+    """An entry's holders after `holder`'s residency is dropped: the others, or None (the
+    entry stays on the worker, held by no session)."""
+    if holders is None:
+        return None
+    if isinstance(holders, set):
+        rest = holders - {holder}
+        if len(rest) > 1:
+            return rest
+        return next(iter(rest)) if rest else None
+    return None if holders == holder else holders
 
 
 class Expired(NamedTuple):

@@ -355,7 +355,7 @@ class RedisStore(RedisReader, RedisInstances):
             if mirror.registered and self._registry is not None:
                 self._registry.add(w.worker)  # reads here see what this process writes
             for pid, raw in parts.items():
-                mirror.add_part(int(pid), *decode_part(raw))
+                mirror.index.add_part(int(pid), *decode_part(raw))
             pipe = self._pipeline()
             held = []
             # Oldest first: the mirror keeps residencies in last-store order (expiry).
@@ -364,19 +364,19 @@ class RedisStore(RedisReader, RedisInstances):
                 res = mirror.add_residency(sid.decode(), t, decode_progress(raw))
                 for pid in counts:
                     pipe.smembers(keys.session(pid, res.session_id))
-                    held.append((mirror.by_pid[pid], res))
-            for part in mirror.by_pid.values():
-                pipe.smembers(part.okey)
-                pipe.smembers(part.ukey)
+                    held.append((mirror.index.by_pid[pid], res))
+            for part in mirror.index.by_pid.values():
+                pipe.smembers(part.orphans_key)
+                pipe.smembers(part.unconfirmed_key)
             pipe.hget(keys.meta, "ver")
             out = await pipe.execute()
             if (out[-1] or b"").decode() != ver:
                 continue
             for (part, res), members in zip(held, out[: len(held)], strict=True):
-                mirror.hold(part, res, map(hash_of, members))
+                mirror.index.load(part, res, map(hash_of, members))
             rest = iter(out[len(held) : -1])
-            for part in mirror.by_pid.values():
-                mirror.add_orphans(part, map(hash_of, next(rest)))
+            for part in mirror.index.by_pid.values():
+                mirror.index.load_orphans(part, map(hash_of, next(rest)))
                 part.pending = {hash_of(m) for m in next(rest)}
             return mirror
         raise RuntimeError(f"worker {w.worker}: changed on every attempt to load it")
@@ -548,7 +548,7 @@ class RedisStore(RedisReader, RedisInstances):
             mirror = w.mirror
             if mirror is None or not mirror.registered:
                 return None
-            due = mirror.idle(older_than, limit)
+            due = mirror.index.idle(older_than, limit)
             more = len(due) > limit
             due = due[:limit]
             if not due:
@@ -556,12 +556,13 @@ class RedisStore(RedisReader, RedisInstances):
             pipe = self._pipeline()
             pipe.hmget(w.keys.res, [r.session_id for r in due])
             for res in due:
-                for pid in res.counts:
+                for pid in res.counts():
                     pipe.smembers(mirror.keys.session(pid, res.session_id))
             out = await pipe.execute()
             sets = iter(out[1:])
             held = [
-                (res, {pid: [hash_of(m) for m in next(sets)] for pid in res.counts}) for res in due
+                (res, {pid: [hash_of(m) for m in next(sets)] for pid in res.counts()})
+                for res in due
             ]
             token = self._token()
             try:

@@ -1,7 +1,8 @@
 """Where the Redis store keeps what: key names, set members and the values it parses back.
 
-Imports neither zmq, fastapi nor redis: pure naming, shared by the writer, the reader and tests.
-The layout itself is described in store/README.md.
+Imports neither zmq, fastapi nor redis: pure naming, shared by the writer, the reader and tests,
+and the index core's part and residency with the names and values of their keys (`RedisPart`,
+`MirrorResidency`). The layout itself is described in store/README.md.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from store.model import U64_MASK, Hash, WorkerKey
+from store.records import Part, Residency
 
 DEFAULT_PREFIX = "kvsi"
 
@@ -208,3 +210,37 @@ def instances_key(prefix: str) -> str:
     """Dynamo registrations: a hash of `<instance_id>/<dp_rank>` -> msgpack
     `store.model.DynamoInstance`; its own slot, one small key."""
     return f"{prefix}:dynamo"
+
+
+class RedisPart(Part):
+    """A core part with the names of its Redis keys, built once."""
+
+    __slots__ = ("entry_base", "entry_keys", "orphans_key", "unconfirmed_key")
+
+    def __init__(self, keys: WorkerKeys, pid: int, medium: str, group: int) -> None:
+        super().__init__(pid, medium, group)
+        self.orphans_key = keys.orphans(pid)
+        self.unconfirmed_key = keys.unconfirmed(pid)
+        self.entry_keys = keys.entries(pid)
+        """The entry index's bucket keys, by `bucket(h)`."""
+        self.entry_base = keys.entry_base(pid)
+
+
+class MirrorResidency(Residency):
+    """A core residency with its session set keys and its value's text (`value`)."""
+
+    __slots__ = ("last_store_text", "set_keys")
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.last_store_text = repr(self.last_store)
+        """`repr(last_store)`, as the value starts: kept so a removal does not format it."""
+        self.set_keys: dict[int, str] = {}
+        """Session set key per part id, built once (key strings cost more than set ops)."""
+
+    def value(self) -> str:
+        """The residency hash's value (`encode_residency`)."""
+        progress = encode_progress(self.lost, self.block_size, self.frontier, self.position)
+        if self.total and self.total == self.in_first:  # one part, the first: the common case
+            return f"{self.last_store_text}{progress} 0:{self.total}"
+        return encode_residency(self.last_store, self.counts(), progress)

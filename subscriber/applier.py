@@ -16,13 +16,13 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from store.model import (
-    AllCleared,
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     IndexLostError,
     StoreEvent,
+    WorkerCleared,
     WorkerKey,
 )
 from subscriber import metrics
@@ -377,9 +377,9 @@ class Applier:
 
 def _block_events(batch: Batch) -> int:
     return sum(
-        len(e.block_hashes) for e in batch.events if isinstance(e, BlocksStored | BlocksRemoved)
+        len(e.block_hashes) for e in batch.events if isinstance(e, EntriesStored | EntriesRemoved)
     )
 
 
 def _clears(batch: Batch) -> bool:
-    return any(isinstance(e, AllCleared) for e in batch.events)
+    return any(isinstance(e, WorkerCleared) for e in batch.events)

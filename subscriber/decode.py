@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from store.model import AllCleared, BlocksRemoved, BlocksStored, StoreEvent, canonical_hash
+from store.model import EntriesRemoved, EntriesStored, StoreEvent, WorkerCleared, canonical_hash
 from subscriber import wire
 from subscriber.drops import DropReason
 
@@ -28,16 +28,16 @@ _UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 that is not UTF-8 (the generic decoder's error), and nesting deeper than msgspec recurses."""
 
 
-class _IngestStored(BlocksStored, frozen=True, tag="BlockStored", tag_field="type"):
+class _IngestStored(EntriesStored, frozen=True, tag="BlockStored", tag_field="type"):
     """BlockStored read straight into the store's event, unused fields skipped (the parent
     hash and block size are read: they place and size what eviction takes from a session)."""
 
 
-class _IngestRemoved(BlocksRemoved, frozen=True, tag="BlockRemoved", tag_field="type"):
+class _IngestRemoved(EntriesRemoved, frozen=True, tag="BlockRemoved", tag_field="type"):
     """BlockRemoved read straight into the store's event."""
 
 
-class _IngestCleared(AllCleared, frozen=True, tag="AllBlocksCleared", tag_field="type"):
+class _IngestCleared(WorkerCleared, frozen=True, tag="AllBlocksCleared", tag_field="type"):
     """AllBlocksCleared read straight into the store's event."""
 
 
@@ -169,7 +169,7 @@ def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
     if isinstance(event, wire.ArrayBlockStored):
         hashes = [canonical_hash(h) for h in event.block_hashes]
         parent = event.parent_block_hash
-        return BlocksStored(
+        return EntriesStored(
             hashes,
             event.medium,
             event.group_idx,
@@ -178,8 +178,8 @@ def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
         )
     if isinstance(event, wire.ArrayBlockRemoved):
         hashes = [canonical_hash(h) for h in event.block_hashes]
-        return BlocksRemoved(hashes, event.medium, event.group_idx)
-    return AllCleared()
+        return EntriesRemoved(hashes, event.medium, event.group_idx)
+    return WorkerCleared()
 
 
 def ingest_decoder() -> BatchDecoder[StoreEvent]:

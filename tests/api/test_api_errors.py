@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 from store.memory import MemoryStore
 from store.model import (
     Batch,
-    BlocksStored,
+    EntriesStored,
     Hash,
     Page,
     SessionSummary,
@@ -96,7 +96,7 @@ async def test_session_view_is_503_when_the_worker_states_cannot_be_read() -> No
             raise ConnectionError("gone")
 
     store = StatesDown()
-    await store.apply(WorkerKey("p", 0), Batch(1, 1.0, [BlocksStored([1], session_id="s")]))
+    await store.apply(WorkerKey("p", 0), Batch(1, 1.0, [EntriesStored([1], session_id="s")]))
     async with client_over(store) as client:
         body = await get_json(client, "/v1/sessions/s", status=503)
 

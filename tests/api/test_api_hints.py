@@ -17,7 +17,7 @@ from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
 from store.base import IndexStore
 from store.memory import MemoryStore
-from store.model import Batch, BlocksRemoved, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for, get_json
 from tests.conformance.conftest import StoreFactory, make_store  # noqa: F401  (fixture)
 from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)
@@ -50,8 +50,8 @@ async def test_the_token_names_the_pod_holding_most_of_the_session_on_every_stor
     any_store: IndexStore,
 ) -> None:
     store = any_store
-    await stored(store, A, 0, BlocksStored([1, 2], "GPU", 0, "s"))
-    await stored(store, B, 0, BlocksStored([1, 2, 3, 4, 5], "GPU", 0, "s"))
+    await stored(store, A, 0, EntriesStored([1, 2], "GPU", 0, "s"))
+    await stored(store, B, 0, EntriesStored([1, 2, 3, 4, 5], "GPU", 0, "s"))
     endpoints = ["llm/pod-a-rank-0", "llm/pod-b-rank-0"]
     async with client_for(create_app(store, hint_options=LLM)) as client:
         hint = await get_json(client, "/v1/sessions/s/hint?format=llm-d")
@@ -69,7 +69,7 @@ async def test_the_token_names_the_pod_holding_most_of_the_session_on_every_stor
             "llm/pod-a-rank-0": 0.0,
             "llm/pod-b-rank-0": 1.0,
         }
-        await store.apply(B, Batch(1, 2.0, [BlocksRemoved([1, 2, 3, 4], "GPU", 0)]))
+        await store.apply(B, Batch(1, 2.0, [EntriesRemoved([1, 2, 3, 4], "GPU", 0)]))
         after = await get_json(client, "/v1/sessions/s/hint")
     assert after["target"] == "llm/pod-a-rank-0"
     assert epp_session_affinity(after["headers"], endpoints)["llm/pod-a-rank-0"] == 1.0
@@ -77,8 +77,8 @@ async def test_the_token_names_the_pod_holding_most_of_the_session_on_every_stor
 
 async def test_media_weigh_as_in_the_route_and_disconnected_holders_do_not_count() -> None:
     store = MemoryStore()
-    await stored(store, A, 0, BlocksStored([1, 2, 3], "CPU", 0, "s"))  # 3 x 0.8
-    await stored(store, B, 0, BlocksStored([1, 2], "GPU", 0, "s"))  # 2 x 1.0
+    await stored(store, A, 0, EntriesStored([1, 2, 3], "CPU", 0, "s"))  # 3 x 0.8
+    await stored(store, B, 0, EntriesStored([1, 2], "GPU", 0, "s"))  # 2 x 1.0
     async with client_for(create_app(store)) as client:
         assert (await get_json(client, "/v1/sessions/s/hint"))["pod"] == "pod-a"
         await store.set_status(A, WorkerStatus(WorkerState.DISCONNECTED, 2.0))
@@ -92,8 +92,8 @@ async def test_a_session_whose_blocks_were_all_evicted_has_no_hint_and_an_unknow
     None
 ):
     store = MemoryStore()
-    await stored(store, A, 0, BlocksStored([1, 2], "GPU", 0, "s"))
-    await store.apply(A, Batch(1, 2.0, [BlocksRemoved([1, 2], "GPU", 0)]))
+    await stored(store, A, 0, EntriesStored([1, 2], "GPU", 0, "s"))
+    await store.apply(A, Batch(1, 2.0, [EntriesRemoved([1, 2], "GPU", 0)]))
     async with client_for(create_app(store)) as client:
         evicted = await get_json(client, "/v1/sessions/s/hint")
         unknown = await get_json(client, "/v1/sessions/nope/hint", status=404)
@@ -103,10 +103,10 @@ async def test_a_session_whose_blocks_were_all_evicted_has_no_hint_and_an_unknow
 
 async def test_without_rank_in_the_template_a_pod_is_ranked_on_all_its_ranks() -> None:
     store = MemoryStore()
-    await stored(store, A, 0, BlocksStored([1, 2], "GPU", 0, "s"))
+    await stored(store, A, 0, EntriesStored([1, 2], "GPU", 0, "s"))
     await store.set_status(A1, WorkerStatus(WorkerState.DEGRADED, 1.0, "gap"))
-    await store.apply(A1, Batch(0, 1.0, [BlocksStored([3, 4], "GPU", 0, "s")]))
-    await stored(store, B, 0, BlocksStored([1, 2, 3], "GPU", 0, "s"))
+    await store.apply(A1, Batch(0, 1.0, [EntriesStored([3, 4], "GPU", 0, "s")]))
+    await stored(store, B, 0, EntriesStored([1, 2, 3], "GPU", 0, "s"))
     per_rank = create_app(store, hint_options=LLM)
     per_pod = create_app(store, hint_options=HintOptions(namespace="llm", endpoint="{pod}-rank-0"))
     async with client_for(per_rank) as client:
@@ -128,7 +128,7 @@ async def test_without_rank_in_the_template_a_pod_is_ranked_on_all_its_ranks() -
 
 async def test_a_label_hint_names_the_pod_and_namespaces_follow_the_longest_prefix() -> None:
     store = MemoryStore()
-    await stored(store, WorkerKey("team-a-vllm-0", 0), 0, BlocksStored([1], "GPU", 0, "s"))
+    await stored(store, WorkerKey("team-a-vllm-0", 0), 0, EntriesStored([1], "GPU", 0, "s"))
     options = HintOptions(namespace="llm", pod_namespaces={"team-": "shared", "team-a-": "team-a"})
     async with client_for(create_app(store, hint_options=options)) as client:
         label = await get_json(client, "/v1/sessions/s/hint?format=label")
@@ -157,7 +157,7 @@ async def test_bad_parameters_are_a_400_naming_them(url: str, message: str) -> N
 
 async def test_the_hint_needs_a_token_when_tokens_are_set() -> None:
     store = MemoryStore()
-    await stored(store, A, 0, BlocksStored([1], "GPU", 0, "s"))
+    await stored(store, A, 0, EntriesStored([1], "GPU", 0, "s"))
     async with client_for(create_app(store, tokens=["t0k3n"])) as client:
         missing = await client.get("/v1/sessions/s/hint")
         right = await client.get("/v1/sessions/s/hint", headers={"Authorization": "Bearer t0k3n"})
@@ -196,8 +196,8 @@ def test_the_settings_name_endpoints_and_reject_templates_that_cannot(
 
 async def test_the_route_adds_the_hint_of_its_first_worker_when_asked() -> None:
     store = MemoryStore()
-    await stored(store, A, 0, BlocksStored([1, 2, 3], "GPU", 0, "s"))
-    await stored(store, B, 0, BlocksStored([7, 8], "GPU", 0, None))
+    await stored(store, A, 0, EntriesStored([1, 2, 3], "GPU", 0, "s"))
+    await stored(store, B, 0, EntriesStored([7, 8], "GPU", 0, None))
     async with client_for(create_app(store, hint_options=LLM)) as client:
         session = (await client.post("/v1/route", json={"session_id": "s", "hint": "llm-d"})).json()
         prompt = (

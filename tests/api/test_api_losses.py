@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import httpx
 
-from store.model import AllCleared, BlocksRemoved, BlocksStored, WorkerKey
+from store.model import EntriesRemoved, EntriesStored, WorkerCleared, WorkerKey
 from tests.api.harness import DIGESTS, Feed, get_json
 
 A = WorkerKey("vllm-0", 0)
 B = WorkerKey("vllm-1", 2)
 
 
-def prompt(hashes: list[int], session: str, parent: int | None = None) -> BlocksStored:
-    return BlocksStored(hashes, session_id=session, parent_block_hash=parent, block_size=16)
+def prompt(hashes: list[int], session: str, parent: int | None = None) -> EntriesStored:
+    return EntriesStored(hashes, session_id=session, parent_block_hash=parent, block_size=16)
 
 
 async def eviction_wave(feed: Feed) -> None:
@@ -21,8 +21,8 @@ async def eviction_wave(feed: Feed) -> None:
     await feed(A, 10.0, prompt([1, 2, 3], "s"), prompt([1, 2, 7], "t"))
     await feed(A, 11.0, prompt([1, 2, 3], "s"), prompt([4, 5], "s", parent=3))
     await feed(B, 11.0, prompt([1, 2], "s"))
-    await feed(A, 12.0, BlocksRemoved([5, 4, 3, 7, 99]))
-    await feed(B, 13.0, AllCleared())
+    await feed(A, 12.0, EntriesRemoved([5, 4, 3, 7, 99]))
+    await feed(B, 13.0, WorkerCleared())
 
 
 async def test_the_session_view_says_what_eviction_took_per_pod(
@@ -44,7 +44,7 @@ async def test_the_session_view_says_what_eviction_took_per_pod(
 
 
 async def test_a_digest_frontier_is_a_hex_string(client: httpx.AsyncClient, feed: Feed) -> None:
-    store = BlocksStored(DIGESTS[:2], session_id="d", parent_block_hash=DIGESTS[9])
+    store = EntriesStored(DIGESTS[:2], session_id="d", parent_block_hash=DIGESTS[9])
     await feed(A, 1.0, store)
 
     (pod,) = (await get_json(client, "/v1/sessions/d"))["pods"]

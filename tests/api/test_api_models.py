@@ -11,7 +11,7 @@ import pytest
 
 from api import create_app
 from store.memory import MemoryStore
-from store.model import Batch, BlocksStored, DynamoInstance, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, DynamoInstance, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 
 LLAMA = WorkerKey("llama-0", 0)
@@ -25,7 +25,7 @@ MODELS = {LLAMA: "meta-llama/Llama-3.1-8B", LLAMA_1: "meta-llama/Llama-3.1-8B", 
 async def store() -> MemoryStore:
     s = MemoryStore()
     for worker in (LLAMA, LLAMA_1, QWEN, UNKNOWN):
-        await s.apply(worker, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s")]))
+        await s.apply(worker, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s")]))
         await s.set_status(worker, WorkerStatus(WorkerState.LIVE, 1.0, model=MODELS.get(worker)))
     return s
 
@@ -101,7 +101,7 @@ async def test_registered_workers_come_with_dynamos_direct_routing_headers(
 
 
 async def test_a_hint_with_a_model_names_only_that_models_pods(store: MemoryStore) -> None:
-    await store.apply(LLAMA, Batch(1, 2.0, [BlocksStored([4, 5, 6], "GPU", 0, "s")]))
+    await store.apply(LLAMA, Batch(1, 2.0, [EntriesStored([4, 5, 6], "GPU", 0, "s")]))
     async with client_for(create_app(store)) as client:
 
         async def hint(**params: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from store.memory import MemoryStore
-from store.model import BlocksRemoved, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import BIG, DIGESTS, Feed, collect_pages, get_json
 
 A0 = WorkerKey("vllm-0", 0)
@@ -16,9 +16,9 @@ B0 = WorkerKey("vllm-1", 0)
 async def test_pods_list_every_worker_by_pod_then_rank_with_its_health(
     client: httpx.AsyncClient, feed: Feed, store: MemoryStore
 ) -> None:
-    await feed(A1, 1.0, BlocksStored([1, 2, 3], session_id="s"), BlocksRemoved([3]))
-    await feed(A1, 2.0, BlocksStored([9], medium="CPU"))
-    await feed(A0, 3.0, BlocksStored([1], session_id="s"), BlocksStored([2], session_id="t"))
+    await feed(A1, 1.0, EntriesStored([1, 2, 3], session_id="s"), EntriesRemoved([3]))
+    await feed(A1, 2.0, EntriesStored([9], medium="CPU"))
+    await feed(A0, 3.0, EntriesStored([1], session_id="s"), EntriesStored([2], session_id="t"))
     await store.set_status(
         A1,
         WorkerStatus(
@@ -71,9 +71,9 @@ async def test_pods_list_is_empty_before_any_worker(client: httpx.AsyncClient) -
 async def test_pod_blocks_page_through_all_ranks_exactly_once(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A0, 1.0, BlocksStored([*BIG[:180], *DIGESTS[:30]]))
-    await feed(A1, 1.0, BlocksStored([*BIG[100:], *DIGESTS[10:]], medium="CPU"))
-    await feed(B0, 1.0, BlocksStored([7, 8]))
+    await feed(A0, 1.0, EntriesStored([*BIG[:180], *DIGESTS[:30]]))
+    await feed(A1, 1.0, EntriesStored([*BIG[100:], *DIGESTS[10:]], medium="CPU"))
+    await feed(B0, 1.0, EntriesStored([7, 8]))
     expected = [str(h) for h in sorted(BIG)] + ["0x" + d.hex() for d in sorted(DIGESTS)]
 
     hashes, _ = await collect_pages(client, "/v1/pods/vllm-0/blocks", "block_hashes", 13)
@@ -82,8 +82,8 @@ async def test_pod_blocks_page_through_all_ranks_exactly_once(
 
 
 async def test_pod_blocks_filter_by_rank_and_medium(client: httpx.AsyncClient, feed: Feed) -> None:
-    await feed(A0, 1.0, BlocksStored([1, 2]), BlocksStored([3], medium="CPU"))
-    await feed(A1, 1.0, BlocksStored([4], medium="CPU"))
+    await feed(A0, 1.0, EntriesStored([1, 2]), EntriesStored([3], medium="CPU"))
+    await feed(A1, 1.0, EntriesStored([4], medium="CPU"))
 
     rank1 = await get_json(client, "/v1/pods/vllm-0/blocks?dp_rank=1")
     cpu = await get_json(client, "/v1/pods/vllm-0/blocks?medium=CPU")
@@ -95,7 +95,7 @@ async def test_pod_blocks_filter_by_rank_and_medium(client: httpx.AsyncClient, f
 
 
 async def test_unknown_pod_or_rank_is_404(client: httpx.AsyncClient, feed: Feed) -> None:
-    await feed(A0, 1.0, BlocksStored([1]))
+    await feed(A0, 1.0, EntriesStored([1]))
 
     pod = await get_json(client, "/v1/pods/nope/blocks", status=404)
     rank = await get_json(client, "/v1/pods/vllm-0/blocks?dp_rank=5", status=404)

@@ -16,8 +16,8 @@ from api.schemas import SessionResponse
 from store.memory import MemoryStore
 from store.model import (
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -43,17 +43,17 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
             0,
             when,
             [
-                BlocksStored([1, 2, 3, BIG[0]], "GPU", 0, "s", block_size=16),
-                BlocksStored([4, 5], "CPU", 0, "s", parent_block_hash=BIG[0]),
-                BlocksStored([DIGESTS[0]], "DISK", 1, "t", parent_block_hash=DIGESTS[1]),
+                EntriesStored([1, 2, 3, BIG[0]], "GPU", 0, "s", block_size=16),
+                EntriesStored([4, 5], "CPU", 0, "s", parent_block_hash=BIG[0]),
+                EntriesStored([DIGESTS[0]], "DISK", 1, "t", parent_block_hash=DIGESTS[1]),
             ],
         ),
     )
-    await store.apply(A1, Batch(0, 17.0, [BlocksStored([1, 2], "GPU", 0, "s", block_size=16)]))
+    await store.apply(A1, Batch(0, 17.0, [EntriesStored([1, 2], "GPU", 0, "s", block_size=16)]))
     # Everything of "s" on A1 evicted: listed with 0 blocks, 2 lost, 32 tokens to prefill.
-    await store.apply(A1, Batch(1, 18.0, [BlocksRemoved([1, 2], "GPU", 0)]))
-    await store.apply(B, Batch(0, 1e16, [BlocksStored([1, 2, 3], "CPU", 0, "s")]))
-    await store.apply(GONE, Batch(0, 5.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.apply(A1, Batch(1, 18.0, [EntriesRemoved([1, 2], "GPU", 0)]))
+    await store.apply(B, Batch(0, 1e16, [EntriesStored([1, 2, 3], "CPU", 0, "s")]))
+    await store.apply(GONE, Batch(0, 5.0, [EntriesStored([1], "GPU", 0, "s")]))
     async with client_for(create_app(store)) as c:
         yield c
 

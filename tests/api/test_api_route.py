@@ -10,7 +10,7 @@ import pytest
 import hashing
 from api import create_app
 from store.memory import MemoryStore
-from store.model import Batch, BlocksRemoved, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 
 A = WorkerKey("pod-a", 0)
@@ -35,8 +35,8 @@ async def store() -> MemoryStore:
 async def test_session_ranks_the_pod_holding_more_then_flips_after_eviction(
     store: MemoryStore,
 ) -> None:
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3, 4], "GPU", 0, "s")]))
-    await store.apply(B, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2, 3, 4], "GPU", 0, "s")]))
+    await store.apply(B, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]))
     async with client_for(create_app(store)) as client:
         first = await route(client, {"session_id": "s"})
         assert [(r["pod"], r["score"], r["session_blocks"]) for r in first["ranking"]] == [
@@ -44,15 +44,15 @@ async def test_session_ranks_the_pod_holding_more_then_flips_after_eviction(
             ("pod-b", 2.0, 2),
             ("pod-c", 0.0, 0),
         ]
-        await store.apply(A, Batch(1, 2.0, [BlocksRemoved([1, 2, 3], "GPU", 0)]))
+        await store.apply(A, Batch(1, 2.0, [EntriesRemoved([1, 2, 3], "GPU", 0)]))
         after = await route(client, {"session_id": "s"})
         assert [r["pod"] for r in after["ranking"]] == ["pod-b", "pod-a", "pod-c"]
 
 
 async def test_prompt_prefix_decides_and_media_are_weighted(store: MemoryStore) -> None:
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([10, 11, 12], "CPU", 0, None)]))
-    await store.apply(B, Batch(0, 1.0, [BlocksStored([10, 11], "GPU", 0, None)]))
-    await store.apply(C, Batch(0, 1.0, [BlocksStored([11, 12, 13], "GPU", 0, None)]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([10, 11, 12], "CPU", 0, None)]))
+    await store.apply(B, Batch(0, 1.0, [EntriesStored([10, 11], "GPU", 0, None)]))
+    await store.apply(C, Batch(0, 1.0, [EntriesStored([11, 12, 13], "GPU", 0, None)]))
     body = {"block_hashes": ["10", "11", "12", "13"]}
     async with client_for(create_app(store)) as client:
         ranked = (await route(client, body))["ranking"]
@@ -70,7 +70,7 @@ async def test_prompt_prefix_decides_and_media_are_weighted(store: MemoryStore) 
 async def test_token_ids_are_hashed_exactly_as_the_engine_does(store: MemoryStore) -> None:
     tokens = list(range(64))
     engine_hashes = hashing.block_hashes(tokens, block_size=16)
-    await store.apply(A, Batch(0, 1.0, [BlocksStored(list(engine_hashes[:3]), "GPU", 0, "s")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored(list(engine_hashes[:3]), "GPU", 0, "s")]))
     async with client_for(create_app(store)) as client:
         answer = await route(client, {"token_ids": [*tokens, 1, 2, 3], "session_id": "s"})
     assert answer["prompt_blocks"] == 4
@@ -84,8 +84,8 @@ async def test_ties_are_deterministic_and_degraded_workers_show_their_state(
 ) -> None:
     await store.set_status(A, WorkerStatus(WorkerState.DEGRADED, 2.0, "gap"))
     await store.set_status(C, WorkerStatus(WorkerState.DISCONNECTED, 2.0))
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
-    await store.apply(B, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+    await store.apply(B, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     async with client_for(create_app(store)) as client:
         ranked = (await route(client, {"session_id": "s"}))["ranking"]
     assert [(r["pod"], r["state"]) for r in ranked] == [("pod-b", "live"), ("pod-a", "degraded")]

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 from api import create_app
 from store.memory import MemoryStore
-from store.model import Batch, BlocksRemoved, BlocksStored, WorkerKey
+from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey
 
 
 def _populated_store() -> MemoryStore:
@@ -24,9 +24,9 @@ def _populated_store() -> MemoryStore:
                     0,
                     10.0,
                     [
-                        BlocksStored([1, 2**64 - 1, bytes(32)], "GPU", 0, "sess-A"),
-                        BlocksStored([7, 8], "CPU", 0, "sess-B"),
-                        BlocksRemoved([8], "CPU", 0),
+                        EntriesStored([1, 2**64 - 1, bytes(32)], "GPU", 0, "sess-A"),
+                        EntriesStored([7, 8], "CPU", 0, "sess-B"),
+                        EntriesRemoved([8], "CPU", 0),
                     ],
                 ),
             )

@@ -10,10 +10,10 @@ import pytest
 
 from store.memory import MemoryStore
 from store.model import (
-    AllCleared,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -40,13 +40,13 @@ async def test_session_view_counts_residency_per_worker_and_medium(
     await feed(
         A,
         100.0,
-        BlocksStored([1, 2, 3], session_id="sess-A"),
-        BlocksStored([4], medium="CPU", session_id="sess-A"),
+        EntriesStored([1, 2, 3], session_id="sess-A"),
+        EntriesStored([4], medium="CPU", session_id="sess-A"),
     )
     # Evicting 2 from GPU removes it; evicting 1 from CPU (where it never was) does not.
-    await feed(A, 101.0, BlocksRemoved([2]), BlocksRemoved([1], medium="CPU"))
-    await feed(B, 102.0, BlocksStored([10, 11], session_id="sess-A"), AllCleared())
-    await feed(B, 103.0, BlocksStored([12], session_id="sess-A"))
+    await feed(A, 101.0, EntriesRemoved([2]), EntriesRemoved([1], medium="CPU"))
+    await feed(B, 102.0, EntriesStored([10, 11], session_id="sess-A"), WorkerCleared())
+    await feed(B, 103.0, EntriesStored([12], session_id="sess-A"))
     await store.set_status(B, WorkerStatus(state=WorkerState.DEGRADED, since=5.0, detail="gap"))
 
     body = await get_json(client, "/v1/sessions/sess-A")
@@ -85,8 +85,8 @@ async def test_session_view_counts_residency_per_worker_and_medium(
 async def test_session_with_every_block_evicted_is_found_with_zero_blocks(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 100.0, BlocksStored([1, 2], session_id="s", block_size=16))
-    await feed(A, 101.0, BlocksRemoved([1, 2]))
+    await feed(A, 100.0, EntriesStored([1, 2], session_id="s", block_size=16))
+    await feed(A, 101.0, EntriesRemoved([1, 2]))
 
     body = await get_json(client, "/v1/sessions/s")
 
@@ -104,7 +104,7 @@ async def test_session_state_is_null_for_a_worker_removed_while_the_request_ran(
             return {}
 
     store = WorkerGone()
-    await store.apply(A, Batch(seq=1, ts=1.0, events=[BlocksStored([1], session_id="s")]))
+    await store.apply(A, Batch(seq=1, ts=1.0, events=[EntriesStored([1], session_id="s")]))
 
     async with client_over(store) as client:
         body = await get_json(client, "/v1/sessions/s")
@@ -115,7 +115,7 @@ async def test_session_state_is_null_for_a_worker_removed_while_the_request_ran(
 async def test_unknown_session_is_404_with_its_id_in_the_detail(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 1.0, BlocksStored([1], session_id="known"))
+    await feed(A, 1.0, EntriesStored([1], session_id="known"))
 
     for url in ("/v1/sessions/nobody", "/v1/sessions/nobody/blocks"):
         body = await get_json(client, url, status=404)
@@ -125,7 +125,7 @@ async def test_unknown_session_is_404_with_its_id_in_the_detail(
 async def test_typical_session_ids_are_accepted(client: httpx.AsyncClient, feed: Feed) -> None:
     ids = ["sess-A", "3f2b8c1e-9d4a-4e0b-8f6a-2c1d0e9b7a65", "user:42@tenant+x=y", "a.b_c~!*"]
     for sid in ids:
-        await feed(A, 1.0, BlocksStored([1], session_id=sid))
+        await feed(A, 1.0, EntriesStored([1], session_id=sid))
 
     for sid in ids:
         body = await get_json(client, f"/v1/sessions/{sid}")
@@ -136,9 +136,9 @@ async def test_session_blocks_page_through_every_hash_exactly_once_as_strings(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
     # Overlapping stores on two workers: the session's distinct hashes, each once.
-    await feed(A, 1.0, BlocksStored([*BIG[:200], *DIGESTS[:40]], session_id="big"))
-    await feed(B, 2.0, BlocksStored([*BIG[150:], *DIGESTS[20:]], session_id="big"))
-    await feed(B, 3.0, BlocksStored([*BIG, *DIGESTS], session_id="other"))
+    await feed(A, 1.0, EntriesStored([*BIG[:200], *DIGESTS[:40]], session_id="big"))
+    await feed(B, 2.0, EntriesStored([*BIG[150:], *DIGESTS[20:]], session_id="big"))
+    await feed(B, 3.0, EntriesStored([*BIG, *DIGESTS], session_id="other"))
     expected = [format_hash(h) for h in sorted(BIG)] + [format_hash(d) for d in sorted(DIGESTS)]
 
     hashes, pages = await collect_pages(client, "/v1/sessions/big/blocks", "block_hashes", 7)
@@ -152,9 +152,9 @@ async def test_session_blocks_page_through_every_hash_exactly_once_as_strings(
 async def test_session_blocks_filter_by_pod_and_medium(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 1.0, BlocksStored([1, 2], session_id="s"))
-    await feed(A, 2.0, BlocksStored([3], medium="CPU", session_id="s"))
-    await feed(B1, 3.0, BlocksStored([4], medium="CPU", session_id="s"))
+    await feed(A, 1.0, EntriesStored([1, 2], session_id="s"))
+    await feed(A, 2.0, EntriesStored([3], medium="CPU", session_id="s"))
+    await feed(B1, 3.0, EntriesStored([4], medium="CPU", session_id="s"))
 
     on_a = await get_json(client, "/v1/sessions/s/blocks?pod=vllm-0")
     cpu = await get_json(client, "/v1/sessions/s/blocks?medium=CPU")
@@ -168,7 +168,7 @@ async def test_session_blocks_filter_by_pod_and_medium(
 
 
 async def test_block_hashes_are_never_json_numbers(client: httpx.AsyncClient, feed: Feed) -> None:
-    await feed(A, 1.0, BlocksStored([*BIG[:50]], session_id="s"))
+    await feed(A, 1.0, EntriesStored([*BIG[:50]], session_id="s"))
 
     for url in ("/v1/sessions/s/blocks?limit=10", "/v1/pods/vllm-0/blocks?limit=10"):
         response = await client.get(url)
@@ -183,8 +183,8 @@ async def test_session_list_pages_most_recent_first_each_once(
 ) -> None:
     for i in range(23):
         # Pairs share a timestamp: ties are broken by session id, and paging must not skip.
-        await feed(A, float(i // 2), BlocksStored([i], session_id=f"s{i:02d}"))
-    await feed(B, 50.0, BlocksStored([100, 101], session_id="s00"))
+        await feed(A, float(i // 2), EntriesStored([i], session_id=f"s{i:02d}"))
+    await feed(B, 50.0, EntriesStored([100, 101], session_id="s00"))
 
     sessions, pages = await collect_pages(client, "/v1/sessions", "sessions", 4)
 
@@ -200,9 +200,9 @@ async def test_session_list_pages_most_recent_first_each_once(
 async def test_session_list_filtered_by_pod_counts_only_that_pod(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 1.0, BlocksStored([1, 2], session_id="both"))
-    await feed(B, 2.0, BlocksStored([3], session_id="both"), BlocksStored([4], session_id="b"))
-    await feed(A, 3.0, BlocksStored([5], session_id="a-only"))
+    await feed(A, 1.0, EntriesStored([1, 2], session_id="both"))
+    await feed(B, 2.0, EntriesStored([3], session_id="both"), EntriesStored([4], session_id="b"))
+    await feed(A, 3.0, EntriesStored([5], session_id="a-only"))
 
     body = await get_json(client, "/v1/sessions?pod=vllm-1")
 
@@ -231,10 +231,12 @@ async def _walk(client: httpx.AsyncClient, params: dict[str, str]) -> list[dict[
 async def test_session_list_by_blocks_pages_most_blocks_first(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 1.0, BlocksStored([1, 2, 3], session_id="big"), BlocksStored([4], session_id="a"))
-    await feed(B, 2.0, BlocksStored([5, 6], session_id="b"), BlocksStored([7, 8], session_id="c"))
-    await feed(B, 3.0, BlocksStored([9], session_id="big"), BlocksStored([10], session_id="gone"))
-    await feed(B, 4.0, BlocksRemoved([10]))
+    await feed(
+        A, 1.0, EntriesStored([1, 2, 3], session_id="big"), EntriesStored([4], session_id="a")
+    )
+    await feed(B, 2.0, EntriesStored([5, 6], session_id="b"), EntriesStored([7, 8], session_id="c"))
+    await feed(B, 3.0, EntriesStored([9], session_id="big"), EntriesStored([10], session_id="gone"))
+    await feed(B, 4.0, EntriesRemoved([10]))
 
     listed = await _walk(client, {"order": "blocks", "limit": "2"})
 
@@ -254,9 +256,9 @@ async def test_session_list_by_blocks_pages_most_blocks_first(
 async def test_session_list_by_prefix_in_either_order(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 1.0, BlocksStored([1], session_id="agent-1"), BlocksStored([2], session_id="x"))
-    await feed(A, 2.0, BlocksStored([3, 4], session_id="agent-2"))
-    await feed(A, 3.0, BlocksStored([5], session_id="agent-10"))
+    await feed(A, 1.0, EntriesStored([1], session_id="agent-1"), EntriesStored([2], session_id="x"))
+    await feed(A, 2.0, EntriesStored([3, 4], session_id="agent-2"))
+    await feed(A, 3.0, EntriesStored([5], session_id="agent-10"))
 
     by_time = await _walk(client, {"prefix": "agent-1", "limit": "1"})
     by_blocks = await _walk(client, {"prefix": "agent-", "limit": "1", "order": "blocks"})
@@ -294,7 +296,7 @@ async def test_session_list_order_and_prefix_are_validated(
 async def test_a_cursor_of_one_order_is_a_400_in_the_other(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(A, 1.0, BlocksStored([1], session_id="s1"), BlocksStored([2], session_id="s2"))
+    await feed(A, 1.0, EntriesStored([1], session_id="s1"), EntriesStored([2], session_id="s2"))
     by_time = await get_json(client, "/v1/sessions?limit=1")
     by_blocks = await get_json(client, "/v1/sessions?limit=1&order=blocks")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from store.model import BlocksStored, WorkerKey
+from store.model import EntriesStored, WorkerKey
 from tests.api.harness import Feed, get_json
 
 CASES = [
@@ -44,7 +44,7 @@ CASES = [
 async def test_bad_parameter_is_400_saying_which_and_why(
     client: httpx.AsyncClient, feed: Feed, url: str, fragments: list[str]
 ) -> None:
-    await feed(WorkerKey("vllm-0", 0), 1.0, BlocksStored([1], session_id="s"))
+    await feed(WorkerKey("vllm-0", 0), 1.0, EntriesStored([1], session_id="s"))
 
     body = await get_json(client, url, status=400)
 
@@ -74,7 +74,7 @@ async def test_several_bad_parameters_are_all_reported(client: httpx.AsyncClient
 async def test_cursor_the_store_rejects_is_400_with_its_message(
     client: httpx.AsyncClient, feed: Feed, url: str, detail: str
 ) -> None:
-    await feed(WorkerKey("vllm-0", 0), 1.0, BlocksStored([1], session_id="s"))
+    await feed(WorkerKey("vllm-0", 0), 1.0, EntriesStored([1], session_id="s"))
 
     body = await get_json(client, url, status=400)
 
@@ -84,7 +84,7 @@ async def test_cursor_the_store_rejects_is_400_with_its_message(
 async def test_a_slash_in_a_session_id_never_reaches_a_session(
     client: httpx.AsyncClient, feed: Feed
 ) -> None:
-    await feed(WorkerKey("vllm-0", 0), 1.0, BlocksStored([1], session_id="user:42/x"))
+    await feed(WorkerKey("vllm-0", 0), 1.0, EntriesStored([1], session_id="user:42/x"))
 
     # Starlette decodes %2F before routing: the id splits and no session route matches.
     response = await client.get("/v1/sessions/user:42%2Fx")

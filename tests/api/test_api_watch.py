@@ -15,7 +15,7 @@ import uvicorn
 from api import create_app
 from store.feed import FeedHub
 from store.memory import MemoryStore
-from store.model import Batch, BlocksRemoved, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 0)
@@ -83,9 +83,9 @@ async def test_a_watcher_sees_every_change_in_order(served: Served) -> None:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0))
-        await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))
-        await store.apply(A, Batch(1, 2.0, [BlocksStored([2, 3], "GPU", 0, "s2")]))
-        await store.apply(A, Batch(2, 3.0, [BlocksRemoved([2])]))
+        await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s1")]))
+        await store.apply(A, Batch(1, 2.0, [EntriesStored([2, 3], "GPU", 0, "s2")]))
+        await store.apply(A, Batch(2, 3.0, [EntriesRemoved([2])]))
         events = await Events(response).next(5)
     assert [e["event"] for e in events] == [
         "worker",
@@ -106,17 +106,17 @@ async def test_a_watcher_sees_every_change_in_order(served: Served) -> None:
 
 async def test_filters_and_resume_with_last_event_id(served: Served) -> None:
     store = served.store
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s1")]))
-    await store.apply(B, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s2")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s1")]))
+    await store.apply(B, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s2")]))
     async with httpx.AsyncClient(base_url=served.base) as client:
         async with client.stream("GET", "/v1/watch", headers={"Last-Event-ID": "1.0"}) as r:
             (resumed,) = await Events(r).next(1)
         assert resumed["data"]["session_id"] == "s2"
         params = {"pod": "pod-b", "session": ["s2", "s9"]}
         async with client.stream("GET", "/v1/watch", params=params) as r:
-            await store.apply(A, Batch(1, 2.0, [BlocksStored([5], "GPU", 0, "s2")]))
-            await store.apply(B, Batch(1, 2.0, [BlocksStored([6], "GPU", 0, "s1")]))
-            await store.apply(B, Batch(2, 3.0, [BlocksStored([7], "GPU", 0, "s2")]))
+            await store.apply(A, Batch(1, 2.0, [EntriesStored([5], "GPU", 0, "s2")]))
+            await store.apply(B, Batch(1, 2.0, [EntriesStored([6], "GPU", 0, "s1")]))
+            await store.apply(B, Batch(2, 3.0, [EntriesStored([7], "GPU", 0, "s2")]))
             (only,) = await Events(r).next(1)
         assert (only["data"]["pod"], only["data"]["session_id"], only["data"]["blocks"]) == (
             "pod-b",
@@ -132,7 +132,7 @@ async def test_a_stale_resume_point_gets_reset_then_live_events(served: Served) 
     ):
         events = Events(r)
         (reset,) = await events.next(1)
-        await served.store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+        await served.store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
         (live,) = await events.next(1)
     assert reset["event"] == "reset" and "999.0" in reset["data"]["detail"]
     assert live["event"] == "residency"
@@ -141,7 +141,7 @@ async def test_a_stale_resume_point_gets_reset_then_live_events(served: Served) 
 async def test_a_resume_point_ahead_of_the_feed_is_reset_as_ahead_not_old(
     served: Served,
 ) -> None:
-    await served.store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await served.store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     async with (
         httpx.AsyncClient(base_url=served.base) as client,
         client.stream("GET", "/v1/watch", headers={"Last-Event-ID": "999.0"}) as r,
@@ -161,7 +161,7 @@ async def test_a_client_that_does_not_read_overflows_and_ingest_goes_on(served: 
     ):
         await asyncio.sleep(0.2)  # subscribed
         for seq in range(40):
-            await store.apply(A, Batch(seq, float(seq), [BlocksStored([seq], "GPU", 0, "s")]))
+            await store.apply(A, Batch(seq, float(seq), [EntriesStored([seq], "GPU", 0, "s")]))
         events = await Events(r).next(9)
     assert [e["event"] for e in events[:8]] == ["residency"] * 8
     assert events[8]["event"] == "overflow"

@@ -12,7 +12,7 @@ import pytest
 import hashing
 from api.routers.dynamo import DynamoOptions, create_dynamo_app
 from store.memory import MemoryStore
-from store.model import Batch, BlocksStored, StoreEvent, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesStored, StoreEvent, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 from tests.paths import FIXTURES
 
@@ -74,8 +74,8 @@ async def test_query_by_hash_answers_the_documented_example_with_signed_hashes(
 ) -> None:
     await register_documented_pair(client)
     u64 = [h & (2**64 - 1) for h in SIGNED]
-    await put(store, POD_1, 0, BlocksStored(u64[:2], "GPU"), BlocksStored(u64[2:], "CPU"))
-    await put(store, POD_2, 0, BlocksStored(u64[1:], "GPU"))  # not the first block: no match
+    await put(store, POD_1, 0, EntriesStored(u64[:2], "GPU"), EntriesStored(u64[2:], "CPU"))
+    await put(store, POD_2, 0, EntriesStored(u64[1:], "GPU"))  # not the first block: no match
     body = recorded("query_by_hash_request.json") | {"block_hashes": SIGNED}
 
     answer = await post(client, "/query_by_hash", body)
@@ -90,7 +90,7 @@ async def test_query_by_hash_accepts_the_unsigned_form_of_the_same_hashes(
 ) -> None:
     await register_documented_pair(client)
     u64 = [h & (2**64 - 1) for h in SIGNED]
-    await put(store, POD_1, 0, BlocksStored(u64, "GPU"))
+    await put(store, POD_1, 0, EntriesStored(u64, "GPU"))
     body = {"block_hashes": u64, "model_name": "llama-3-8b"}
 
     answer = await post(client, "/query_by_hash", body)
@@ -114,9 +114,9 @@ async def test_tiers_are_cumulative_as_in_dynamos_multi_rank_summary(
             store,
             worker,
             0,
-            BlocksStored(prompt[:gpu], "GPU"),
-            BlocksStored(prompt[gpu:cpu], "CPU"),
-            BlocksStored(prompt[cpu:disk], "DISK"),
+            EntriesStored(prompt[:gpu], "GPU"),
+            EntriesStored(prompt[gpu:cpu], "CPU"),
+            EntriesStored(prompt[cpu:disk], "DISK"),
         )
 
     answer = await post(
@@ -133,7 +133,7 @@ async def test_query_hashes_token_ids_as_the_engines_do(
     await register_documented_pair(client)
     tokens = list(range(1, 49))  # three blocks of 16
     hashes = hashing.block_hashes(tokens, block_size=16)
-    await put(store, POD_1, 0, BlocksStored(hashes[:2], "GPU"), BlocksStored(hashes[2:], "CPU"))
+    await put(store, POD_1, 0, EntriesStored(hashes[:2], "GPU"), EntriesStored(hashes[2:], "CPU"))
     body = recorded("query_request.json") | {"token_ids": tokens}
 
     answer = await post(client, "/query", body)
@@ -147,7 +147,7 @@ async def test_a_cache_salt_changes_every_hash_of_query(
     await register_documented_pair(client)
     tokens = list(range(32))
     salted = hashing.block_hashes(tokens, block_size=16, cache_salt="tenant-a")
-    await put(store, POD_1, 0, BlocksStored(salted, "GPU"))
+    await put(store, POD_1, 0, EntriesStored(salted, "GPU"))
     body = {"token_ids": tokens, "model_name": "llama-3-8b"}
 
     plain = await post(client, "/query", body)
@@ -161,7 +161,7 @@ async def test_a_lora_query_hashes_with_the_configured_adapter_path(store: Memor
     options = DynamoOptions(lora_paths={"sql": "/adapters/sql"})
     tokens = list(range(16))
     hashes = hashing.block_hashes(tokens, lora_name="sql", lora_path="/adapters/sql")
-    await put(store, POD_1, 0, BlocksStored(hashes, "GPU"))
+    await put(store, POD_1, 0, EntriesStored(hashes, "GPU"))
     async with client_for(create_dynamo_app(store, options)) as client:
         await post(client, "/register", registration(1, POD_1), 201)
         body = {"token_ids": tokens, "model_name": "llama-3-8b"}
@@ -178,8 +178,8 @@ async def test_each_routing_group_and_model_answers_for_its_own_workers_only(
 ) -> None:
     await post(client, "/register", registration(1, POD_1), 201)
     await post(client, "/register", registration(2, POD_2, "customer-a"), 201)
-    await put(store, POD_1, 0, BlocksStored([5], "GPU"))
-    await put(store, POD_2, 0, BlocksStored([5], "GPU"))
+    await put(store, POD_1, 0, EntriesStored([5], "GPU"))
+    await put(store, POD_2, 0, EntriesStored([5], "GPU"))
     body = {"block_hashes": [5], "model_name": "llama-3-8b"}
 
     default = await post(client, "/query_by_hash", body)
@@ -254,7 +254,7 @@ async def test_dump_lists_each_groups_blocks_as_dynamo_stored_events(
     client: httpx.AsyncClient, store: MemoryStore
 ) -> None:
     await post(client, "/register", registration(1, POD_1), 201)
-    await put(store, POD_1, 0, BlocksStored([11, 12], "GPU"), BlocksStored([bytes(32)], "GPU"))
+    await put(store, POD_1, 0, EntriesStored([11, 12], "GPU"), EntriesStored([bytes(32)], "GPU"))
 
     dumped = (await client.get("/dump")).json()
 
@@ -264,8 +264,8 @@ async def test_dump_lists_each_groups_blocks_as_dynamo_stored_events(
 
 
 async def test_dump_stops_at_its_limit_and_says_so(store: MemoryStore) -> None:
-    await put(store, POD_1, 0, BlocksStored(list(range(10)), "GPU"), BlocksStored([99], "CPU"))
-    await put(store, POD_2, 0, BlocksStored([5], "GPU"))
+    await put(store, POD_1, 0, EntriesStored(list(range(10)), "GPU"), EntriesStored([99], "CPU"))
+    await put(store, POD_2, 0, EntriesStored([5], "GPU"))
     async with client_for(create_dynamo_app(store, DynamoOptions(dump_limit=4))) as client:
         await post(client, "/register", registration(1, POD_1), 201)
         await post(client, "/register", registration(2, POD_2, "b"), 201)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 from api.routers.dynamo import create_dynamo_app
 from store.memory import MemoryStore
-from store.model import Batch, BlocksStored, DynamoInstance, WorkerKey
+from store.model import Batch, DynamoInstance, EntriesStored, WorkerKey
 
 
 def _populated_store() -> MemoryStore:
@@ -17,7 +17,7 @@ def _populated_store() -> MemoryStore:
 
     async def fill() -> None:
         await store.apply(
-            WorkerKey("vllm-0", 0), Batch(0, 1.0, [BlocksStored([1, 2**64 - 1], "GPU")])
+            WorkerKey("vllm-0", 0), Batch(0, 1.0, [EntriesStored([1, 2**64 - 1], "GPU")])
         )
         await store.register_instance(
             DynamoInstance(1, 0, "vllm-0", "llama-3-8b", "default", 16, "tcp://127.0.0.1:5557")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from store.model import AllCleared, Batch, BlocksRemoved, BlocksStored, Hash, WorkerKey
+from store.model import Batch, EntriesRemoved, EntriesStored, Hash, WorkerCleared, WorkerKey
 
 Entry = tuple[str, int, Hash]
 Residency = tuple[str, WorkerKey]
@@ -24,7 +24,7 @@ class Progress:
     block_size: int | None = None
     frontier: tuple[Hash, int | None] | None = None
 
-    def stored(self, event: BlocksStored) -> None:
+    def stored(self, event: EntriesStored) -> None:
         self.lost = 0
         if event.block_size is not None:
             self.block_size = event.block_size
@@ -69,7 +69,7 @@ class Reference:
         else:
             return "duplicate"
         for event in batch.events:
-            if isinstance(event, BlocksStored):
+            if isinstance(event, EntriesStored):
                 keys = {
                     (event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes
                 }
@@ -78,7 +78,7 @@ class Reference:
                     self.seen_sessions.add(event.session_id)
                     self.residency.setdefault((event.session_id, worker), set()).update(keys)
                     self.progress.setdefault((event.session_id, worker), Progress()).stored(event)
-            elif isinstance(event, BlocksRemoved):
+            elif isinstance(event, EntriesRemoved):
                 keys = {
                     (event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes
                 }
@@ -87,7 +87,7 @@ class Reference:
                     if w == worker:
                         self.progress[(s, w)].lost += len(held & keys)
                         held.difference_update(keys)
-            elif isinstance(event, AllCleared):
+            elif isinstance(event, WorkerCleared):
                 self._clear(worker)
         if outcome == "restarted" or fence is None:
             self.fences[worker] = _Fence(batch.seq, batch.ts, batch.ts)
@@ -115,5 +115,5 @@ class Reference:
         }
 
 
-def _keys(event: BlocksStored | BlocksRemoved) -> set[Entry]:
+def _keys(event: EntriesStored | EntriesRemoved) -> set[Entry]:
     return {(event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes}

@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from store.base import IndexStore
-from store.model import Batch, BlocksStored, Hash, StoreEvent, WorkerKey
+from store.model import Batch, EntriesStored, Hash, StoreEvent, WorkerKey
 
 WORKERS = [WorkerKey("pod-a", 0), WorkerKey("pod-b", 0), WorkerKey("pod-b", 1)]
 SESSIONS = 12
@@ -27,7 +27,7 @@ async def filled(store: IndexStore) -> IndexStore:
     """Each session on one worker (its GPU), half of them on a second one too (its CPU)."""
     for i, worker in enumerate(WORKERS):
         events: list[StoreEvent] = [
-            BlocksStored(chain(s), "GPU" if s % len(WORKERS) == i else "CPU", 0, f"s{s}")
+            EntriesStored(chain(s), "GPU" if s % len(WORKERS) == i else "CPU", 0, f"s{s}")
             for s in range(SESSIONS)
             if s % len(WORKERS) == i or (s % 2 and (s + 1) % len(WORKERS) == i)
         ]

@@ -13,8 +13,8 @@ from kvsi.janitor import sweep
 from store.base import IndexStore
 from store.model import (
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     Expired,
     WorkerKey,
     WorkerLosses,
@@ -28,8 +28,8 @@ PROMPT = [101, 102, 103]
 IDLE = 3600.0
 
 
-def turn(sid: str, *own: int) -> BlocksStored:
-    return BlocksStored([*PROMPT, *own], "GPU", 0, sid)
+def turn(sid: str, *own: int) -> EntriesStored:
+    return EntriesStored([*PROMPT, *own], "GPU", 0, sid)
 
 
 async def blocks_of(store: IndexStore, pod: str) -> list[int]:
@@ -47,7 +47,7 @@ async def test_a_session_holding_only_the_shared_prompt_expires_and_the_prompt_s
     store: IndexStore,
 ) -> None:
     await apply_twice(store, A, Batch(0, 10.0, [turn("old", 1)]))
-    await apply_twice(store, A, Batch(1, 20.0, [BlocksRemoved([1])]))  # its own block evicted
+    await apply_twice(store, A, Batch(1, 20.0, [EntriesRemoved([1])]))  # its own block evicted
     await apply_twice(store, A, Batch(2, 4000.0, [turn("recent", 2)]))
     old = await store.get_session("old")
     assert old is not None and old.total_blocks == 3  # only the prompt, kept by "recent"
@@ -74,7 +74,7 @@ async def test_the_prompts_last_holder_leaves_it_to_the_worker(store: IndexStore
     (worker,) = await store.list_workers()
     assert (worker.blocks, worker.sessions) == (5, 0)
     # The blocks held by no session are still evicted normally, and stored again.
-    await apply_twice(store, A, Batch(1, 5001.0, [BlocksRemoved([1, 101])]))
+    await apply_twice(store, A, Batch(1, 5001.0, [EntriesRemoved([1, 101])]))
     assert await blocks_of(store, "pod-a") == [2, 102, 103]
     await apply_twice(store, A, Batch(2, 5002.0, [turn("s3")]))
     s3 = await store.get_session("s3")
@@ -93,7 +93,7 @@ async def test_a_recent_store_keeps_the_residency_and_the_sharers_are_unaffected
     page = await store.session_blocks("busy", pod=None, medium=None, limit=10, cursor=None)
     assert page is not None and sorted(int(h) for h in page.items) == [2, 3, *PROMPT]
     # Evicting the prompt now takes it from "busy" only, as a loss.
-    await apply_twice(store, A, Batch(2, 3001.0, [BlocksRemoved(PROMPT)]))
+    await apply_twice(store, A, Batch(2, 3001.0, [EntriesRemoved(PROMPT)]))
     busy = await store.get_session("busy")
     assert busy is not None and busy.total_blocks == 2
     assert busy.workers[0].lost_blocks == 3
@@ -114,11 +114,11 @@ async def test_a_later_store_brings_the_session_back_with_fresh_bookkeeping(
     store: IndexStore,
 ) -> None:
     await apply_twice(store, A, Batch(0, 10.0, [turn("s", 1, 2)]))
-    await apply_twice(store, A, Batch(1, 11.0, [BlocksRemoved([2])]))
+    await apply_twice(store, A, Batch(1, 11.0, [EntriesRemoved([2])]))
     assert (await store.worker_losses())[A] == WorkerLosses(sessions_hurt=1, lost_blocks=1)
     await sweep(store, now=3700.0, session_idle=IDLE, worker_grace=600.0)
     assert (await store.worker_losses())[A] == WorkerLosses()  # its loss went with it
-    await apply_twice(store, A, Batch(2, 3800.0, [BlocksStored([103, 1], "GPU", 0, "s", 102)]))
+    await apply_twice(store, A, Batch(2, 3800.0, [EntriesStored([103, 1], "GPU", 0, "s", 102)]))
     view = await store.get_session("s")
     assert view is not None and view.last_seen == 3800.0
     (res,) = view.workers

@@ -20,11 +20,11 @@ from store.base import IndexStore
 from store.feed import Change, FeedEntry, HistoryGone, ResidencyChange, Subscription
 from store.memory import MemoryStore
 from store.model import (
-    AllCleared,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     StoreEvent,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -106,28 +106,28 @@ def scripted() -> list[Op]:
     return [
         (A, WorkerStatus(WorkerState.CONNECTING, 1.0)),  # the initial state: no change
         (A, WorkerStatus(WorkerState.LIVE, 2.0)),
-        (A, Batch(0, 10.0, [BlocksStored([1, 2, 3], "GPU", 0, "s1"), BlocksStored([9])])),
-        (B, Batch(5, 10.0, [BlocksStored([1, 2], "GPU", 0, "s1")])),
-        (A, Batch(1, 11.0, [BlocksStored([3, 4], "GPU", 0, "s2"),
-                            BlocksStored([9], None, 0, "s3")])),  # s3 adopts the orphan
-        (A, Batch(2, 12.0, [BlocksStored([1, 2], "GPU", 0, "s1")])),  # reuse only: no record
-        (A, Batch(2, 12.0, [BlocksStored([7], "GPU", 0, "s1")])),  # duplicate: nothing
-        (A, Batch(3, 13.0, [BlocksRemoved([3, 1]), BlocksStored([3], "CPU", 0, "s1")])),
+        (A, Batch(0, 10.0, [EntriesStored([1, 2, 3], "GPU", 0, "s1"), EntriesStored([9])])),
+        (B, Batch(5, 10.0, [EntriesStored([1, 2], "GPU", 0, "s1")])),
+        (A, Batch(1, 11.0, [EntriesStored([3, 4], "GPU", 0, "s2"),
+                            EntriesStored([9], None, 0, "s3")])),  # s3 adopts the orphan
+        (A, Batch(2, 12.0, [EntriesStored([1, 2], "GPU", 0, "s1")])),  # reuse only: no record
+        (A, Batch(2, 12.0, [EntriesStored([7], "GPU", 0, "s1")])),  # duplicate: nothing
+        (A, Batch(3, 13.0, [EntriesRemoved([3, 1]), EntriesStored([3], "CPU", 0, "s1")])),
         (A, WorkerStatus(WorkerState.LIVE, 3.0)),  # same state and detail: nothing
         (A, WorkerStatus(WorkerState.DEGRADED, 4.0, "gap")),
         (A, WorkerStatus(WorkerState.DEGRADED, 5.0, "gap, twice")),
-        (B, Batch(6, 11.0, [BlocksStored([DIGEST, 5], "CPU", 1, "s{x}"), BlocksRemoved([2])])),
-        (A, Batch(4, 14.0, [BlocksStored([5], "GPU", 0, "s2"), AllCleared(),
-                            BlocksStored([5, 6], "GPU", 0, "s2"), BlocksRemoved([6])])),
-        (A, Batch(0, 9.0, [BlocksStored([8], "GPU", 0, "s9")])),  # previous engine: nothing
-        (B, Batch(0, 20.0, [BlocksStored([2, 3], "GPU", 0, "s1"), BlocksStored([4])])),  # restart
-        (B, Batch(1, 21.0, [BlocksRemoved([2, 4, 99]), BlocksStored([2], "GPU", 0, "s4")])),
+        (B, Batch(6, 11.0, [EntriesStored([DIGEST, 5], "CPU", 1, "s{x}"), EntriesRemoved([2])])),
+        (A, Batch(4, 14.0, [EntriesStored([5], "GPU", 0, "s2"), WorkerCleared(),
+                            EntriesStored([5, 6], "GPU", 0, "s2"), EntriesRemoved([6])])),
+        (A, Batch(0, 9.0, [EntriesStored([8], "GPU", 0, "s9")])),  # previous engine: nothing
+        (B, Batch(0, 20.0, [EntriesStored([2, 3], "GPU", 0, "s1"), EntriesStored([4])])),  # restart
+        (B, Batch(1, 21.0, [EntriesRemoved([2, 4, 99]), EntriesStored([2], "GPU", 0, "s4")])),
         (B, WorkerStatus(WorkerState.DISCONNECTED, 6.0, "eof")),
-        (B, Batch(2, 22.0, [BlocksStored([5, 6], "GPU", 0, "s4"), BlocksStored([7])])),
+        (B, Batch(2, 22.0, [EntriesStored([5, 6], "GPU", 0, "s4"), EntriesStored([7])])),
         (B, "mark"),
-        (B, Batch(3, 23.0, [BlocksStored([5], "GPU", 0, "s4")])),  # reconfirms 5 only
+        (B, Batch(3, 23.0, [EntriesStored([5], "GPU", 0, "s4")])),  # reconfirms 5 only
         (B, "drop"),  # s4 loses 2 and 6; the orphans 4.. and 7 go without a row
-        (A, Batch(5, 15.0, [BlocksStored([1, 2], "GPU", 0, "s1"), BlocksStored([1], "CPU")])),
+        (A, Batch(5, 15.0, [EntriesStored([1, 2], "GPU", 0, "s1"), EntriesStored([1], "CPU")])),
         (A, "clear"),  # every residency with blocks ends at 0
         (A, "clear"),  # nothing left: no record
     ]  # fmt: skip
@@ -148,11 +148,11 @@ def randomized(seed: int, batches: int = 60) -> list[Op]:
             if roll < 0.55:
                 sid = rng.choice(["s1", "s2", "s3", "s4", None])
                 medium = rng.choice(["GPU", "GPU", "CPU"])
-                events.append(BlocksStored(hashes, medium, 0, sid))
+                events.append(EntriesStored(hashes, medium, 0, sid))
             elif roll < 0.93:
-                events.append(BlocksRemoved(hashes, rng.choice([None, "CPU"])))
+                events.append(EntriesRemoved(hashes, rng.choice([None, "CPU"])))
             else:
-                events.append(AllCleared())
+                events.append(WorkerCleared())
         if rng.random() < 0.05:  # an engine restart
             seqs[w] = 0
             ts[w] += 50
@@ -200,11 +200,11 @@ async def test_expired_residencies_are_fed_as_drops_not_losses(store: IndexStore
     got = await check_against_memory(
         store,
         [
-            (A, Batch(0, 10.0, [BlocksStored([1, 2], "GPU", 0, "old"),
-                                BlocksStored([1], "GPU", 0, "shared")])),
-            (A, Batch(1, 11.0, [BlocksStored([3], "GPU", 0, "empty"), BlocksRemoved([3])])),
-            (B, Batch(0, 12.0, [BlocksStored([1], "CPU", 0, "old")])),
-            (A, Batch(2, 200.0, [BlocksStored([1], "GPU", 0, "shared")])),
+            (A, Batch(0, 10.0, [EntriesStored([1, 2], "GPU", 0, "old"),
+                                EntriesStored([1], "GPU", 0, "shared")])),
+            (A, Batch(1, 11.0, [EntriesStored([3], "GPU", 0, "empty"), EntriesRemoved([3])])),
+            (B, Batch(0, 12.0, [EntriesStored([1], "CPU", 0, "old")])),
+            (A, Batch(2, 200.0, [EntriesStored([1], "GPU", 0, "shared")])),
             (A, "expire"),
         ],
     )  # fmt: skip
@@ -227,13 +227,13 @@ async def test_residency_changes_say_what_eviction_took(store: IndexStore) -> No
     got = await check_against_memory(
         store,
         [
-            (A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s"), BlocksStored([3], None)])),
-            (A, Batch(1, 2.0, [BlocksRemoved([1, 3]), BlocksStored([4], "GPU", 0, "t")])),
+            (A, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s"), EntriesStored([3], None)])),
+            (A, Batch(1, 2.0, [EntriesRemoved([1, 3]), EntriesStored([4], "GPU", 0, "t")])),
             (A, "mark"),
-            (A, Batch(2, 3.0, [BlocksStored([4], "GPU", 0, "t")])),  # reconfirms 4
+            (A, Batch(2, 3.0, [EntriesStored([4], "GPU", 0, "t")])),  # reconfirms 4
             (A, "drop"),  # s loses 2, not to eviction
-            (A, Batch(3, 4.0, [BlocksStored([5, 6], "GPU", 0, "s"), AllCleared()])),
-            (A, Batch(4, 5.0, [BlocksStored([7], "GPU", 0, "s")])),
+            (A, Batch(3, 4.0, [EntriesStored([5, 6], "GPU", 0, "s"), WorkerCleared()])),
+            (A, Batch(4, 5.0, [EntriesStored([7], "GPU", 0, "s")])),
             (A, "clear"),
         ],
     )

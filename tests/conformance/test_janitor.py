@@ -6,8 +6,8 @@ from kvsi.janitor import sweep
 from store.base import IndexStore
 from store.model import (
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -20,7 +20,7 @@ RECENT = WorkerKey("pod-recent", 0)
 
 async def test_disconnected_past_grace_is_removed_others_stay(store: IndexStore) -> None:
     for worker in (LIVE, GONE, RECENT):
-        await store.apply(worker, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s")]))
+        await store.apply(worker, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]))
     await store.set_status(LIVE, WorkerStatus(WorkerState.LIVE, 100.0))
     await store.set_status(GONE, WorkerStatus(WorkerState.DISCONNECTED, 100.0))
     await store.set_status(RECENT, WorkerStatus(WorkerState.DISCONNECTED, 950.0))
@@ -39,7 +39,7 @@ async def test_disconnected_past_grace_is_removed_others_stay(store: IndexStore)
 async def test_an_ingest_only_pass_leaves_gone_workers_to_the_whole_index_sweep(
     store: IndexStore,
 ) -> None:
-    await store.apply(GONE, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.apply(GONE, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     await store.set_status(GONE, WorkerStatus(WorkerState.DISCONNECTED, 100.0))
     swept = await sweep(store, now=1000.0, session_idle=1e9, worker_grace=600.0, written_only=True)
     assert swept.workers == []
@@ -49,9 +49,9 @@ async def test_an_ingest_only_pass_leaves_gone_workers_to_the_whole_index_sweep(
 
 
 async def test_idle_sessions_without_blocks_are_forgotten(store: IndexStore) -> None:
-    await store.apply(LIVE, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, "idle")]))
-    await store.apply(LIVE, Batch(1, 20.0, [BlocksStored([2], "GPU", 0, "busy")]))
-    await store.apply(LIVE, Batch(2, 30.0, [BlocksRemoved([1])]))
+    await store.apply(LIVE, Batch(0, 10.0, [EntriesStored([1], "GPU", 0, "idle")]))
+    await store.apply(LIVE, Batch(1, 20.0, [EntriesStored([2], "GPU", 0, "busy")]))
+    await store.apply(LIVE, Batch(2, 30.0, [EntriesRemoved([1])]))
     swept = await sweep(store, now=3615.0, session_idle=3600.0, worker_grace=600.0)
     assert swept.expired.sessions == 1 and swept.workers == []
     assert await store.get_session("idle") is None

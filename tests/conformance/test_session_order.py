@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from store.base import IndexStore
 from store.model import (
-    AllCleared,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     InvalidCursorError,
     SessionSummary,
     StoreEvent,
+    WorkerCleared,
     WorkerKey,
 )
 from store.paging import SessionOrder
@@ -58,15 +58,15 @@ def rows(sessions: list[SessionSummary]) -> list[tuple[str, int, int, float]]:
 async def fill(store: IndexStore) -> None:
     """s3 holds 5 (3 on A, 2 on B), t1 and t2 hold 2 each (a tie), s1 1, s2 none any more;
     s1 was last seen on B, where it holds nothing."""
-    await store.apply(A, Batch(0, 10.0, [BlocksStored([1, 2, 3], "GPU", 0, "s3")]))
-    await store.apply(A, Batch(1, 11.0, [BlocksStored([4, 5], "CPU", 0, "t2")]))
-    await store.apply(A, Batch(2, 12.0, [BlocksStored([6], "GPU", 0, "s1")]))
-    await store.apply(A1, Batch(0, 13.0, [BlocksStored([7, 8], "GPU", 0, "t1")]))
-    await store.apply(A1, Batch(1, 14.0, [BlocksStored([9], "GPU", 0, "s2")]))
-    await store.apply(A1, Batch(2, 15.0, [BlocksRemoved([9])]))
-    await store.apply(B, Batch(0, 16.0, [BlocksStored([1, 2], "GPU", 0, "s3")]))
-    await store.apply(B, Batch(1, 17.0, [BlocksStored([10], "GPU", 0, "s1")]))
-    await store.apply(B, Batch(2, 18.0, [BlocksRemoved([10])]))
+    await store.apply(A, Batch(0, 10.0, [EntriesStored([1, 2, 3], "GPU", 0, "s3")]))
+    await store.apply(A, Batch(1, 11.0, [EntriesStored([4, 5], "CPU", 0, "t2")]))
+    await store.apply(A, Batch(2, 12.0, [EntriesStored([6], "GPU", 0, "s1")]))
+    await store.apply(A1, Batch(0, 13.0, [EntriesStored([7, 8], "GPU", 0, "t1")]))
+    await store.apply(A1, Batch(1, 14.0, [EntriesStored([9], "GPU", 0, "s2")]))
+    await store.apply(A1, Batch(2, 15.0, [EntriesRemoved([9])]))
+    await store.apply(B, Batch(0, 16.0, [EntriesStored([1, 2], "GPU", 0, "s3")]))
+    await store.apply(B, Batch(1, 17.0, [EntriesStored([10], "GPU", 0, "s1")]))
+    await store.apply(B, Batch(2, 18.0, [EntriesRemoved([10])]))
 
 
 async def test_by_blocks_most_first_ties_by_id_only_sessions_holding_blocks(
@@ -121,7 +121,7 @@ async def test_prefix_keeps_ids_starting_with_it(store: IndexStore, order: Sessi
 async def test_prefix_is_a_plain_string_never_a_pattern(store: IndexStore) -> None:
     """Glob and regex characters in ids are themselves (a backend must not match with them)."""
     for seq, sid in enumerate(["a*", "a*b", "ab", "a?c", "a[b]", "a\\b", "x"]):
-        await store.apply(A, Batch(seq, float(seq), [BlocksStored([seq], "GPU", 0, sid)]))
+        await store.apply(A, Batch(seq, float(seq), [EntriesStored([seq], "GPU", 0, sid)]))
     for order in ("last_seen", "blocks"):
         found = {s.session_id for s in await walk(store, order=order, limit=2, prefix="a*")}
         assert found == {"a*", "a*b"}
@@ -140,7 +140,7 @@ async def test_a_selective_prefix_over_many_sessions_pages_in_order(store: Index
     """Few matches spread over many sessions on several workers (more fetch rounds)."""
     for w, worker in enumerate((A, A1, B)):
         events: list[StoreEvent] = [
-            BlocksStored(list(range(1000 * w + i, 1000 * w + i + 1 + i % 3)), "GPU", 0, f"s{i}")
+            EntriesStored(list(range(1000 * w + i, 1000 * w + i + 1 + i % 3)), "GPU", 0, f"s{i}")
             for i in range(w, 240, 3)
         ]
         await store.apply(worker, Batch(0, 100.0 + w, events))
@@ -177,19 +177,19 @@ async def test_a_malformed_blocks_cursor_is_refused(store: IndexStore, cursor: s
 
 events = st.one_of(
     st.builds(
-        BlocksStored,
+        EntriesStored,
         st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4),
         st.sampled_from(["GPU", "CPU"]),
         st.just(0),
         st.sampled_from(["s1", "s2", "t1", "t2", "u"]),
     ),
     st.builds(
-        BlocksRemoved,
+        EntriesRemoved,
         st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4),
         st.sampled_from(["GPU", "CPU"]),
         st.just(0),
     ),
-    st.just(AllCleared()),
+    st.just(WorkerCleared()),
 )
 plans = st.lists(
     st.tuples(st.sampled_from([A, A1, B]), st.lists(events, min_size=1, max_size=4)),

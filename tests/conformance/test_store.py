@@ -11,15 +11,15 @@ from hypothesis import strategies as st
 
 from store.base import IndexStore
 from store.model import (
-    AllCleared,
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     Fence,
     Hash,
     IndexLostError,
     StoreEvent,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -95,7 +95,7 @@ async def apply_twice(store: IndexStore, worker: WorkerKey, batch: Batch) -> App
 
 
 async def test_stored_blocks_form_the_session_residency(store: IndexStore) -> None:
-    batch = Batch(0, 10.0, [BlocksStored([1, BIG, DIGEST], "GPU", 0, "s1")])
+    batch = Batch(0, 10.0, [EntriesStored([1, BIG, DIGEST], "GPU", 0, "s1")])
     assert await apply_twice(store, A, batch) is ApplyOutcome.APPLIED
     view = await store.get_session("s1")
     assert view is not None
@@ -108,9 +108,9 @@ async def test_stored_blocks_form_the_session_residency(store: IndexStore) -> No
 
 
 async def test_removed_block_leaves_every_session_that_held_it(store: IndexStore) -> None:
-    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))
-    await apply_twice(store, A, Batch(1, 2.0, [BlocksStored([2, 3], "GPU", 0, "s2")]))
-    await apply_twice(store, A, Batch(2, 3.0, [BlocksRemoved([2], "GPU", 0)]))
+    await apply_twice(store, A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s1")]))
+    await apply_twice(store, A, Batch(1, 2.0, [EntriesStored([2, 3], "GPU", 0, "s2")]))
+    await apply_twice(store, A, Batch(2, 3.0, [EntriesRemoved([2], "GPU", 0)]))
     s1 = await store.get_session("s1")
     s2 = await store.get_session("s2")
     assert s1 is not None and s2 is not None
@@ -125,12 +125,12 @@ async def test_removed_block_leaves_every_session_that_held_it(store: IndexStore
 
 async def test_removal_is_per_medium_and_group(store: IndexStore) -> None:
     events: list[StoreEvent] = [
-        BlocksStored([5], "GPU", 0, "s"),
-        BlocksStored([5], "CPU", 0, "s"),
-        BlocksStored([5], "GPU", 1, "s"),
+        EntriesStored([5], "GPU", 0, "s"),
+        EntriesStored([5], "CPU", 0, "s"),
+        EntriesStored([5], "GPU", 1, "s"),
     ]
     await apply_twice(store, A, Batch(0, 1.0, events))
-    await apply_twice(store, A, Batch(1, 2.0, [BlocksRemoved([5], "GPU", 0)]))
+    await apply_twice(store, A, Batch(1, 2.0, [EntriesRemoved([5], "GPU", 0)]))
     view = await store.get_session("s")
     assert view is not None
     assert view.workers[0].by_medium == {"CPU": 1, "GPU": 1}
@@ -139,17 +139,17 @@ async def test_removal_is_per_medium_and_group(store: IndexStore) -> None:
 
 
 async def test_none_medium_and_group_mean_gpu_and_zero(store: IndexStore) -> None:
-    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([9], None, None, "s")]))
-    await apply_twice(store, A, Batch(1, 2.0, [BlocksRemoved([9], "GPU", 0)]))
+    await apply_twice(store, A, Batch(0, 1.0, [EntriesStored([9], None, None, "s")]))
+    await apply_twice(store, A, Batch(1, 2.0, [EntriesRemoved([9], "GPU", 0)]))
     view = await store.get_session("s")
     assert view is not None and view.total_blocks == 0
 
 
 async def test_storing_again_is_set_semantics(store: IndexStore) -> None:
     """A reuse report re-announces resident blocks: one removal still removes them."""
-    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))
-    await apply_twice(store, A, Batch(1, 2.0, [BlocksStored([1, 2], "GPU", 0, "s2")]))
-    await apply_twice(store, A, Batch(2, 3.0, [BlocksRemoved([1], "GPU", 0)]))
+    await apply_twice(store, A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s1")]))
+    await apply_twice(store, A, Batch(1, 2.0, [EntriesStored([1, 2], "GPU", 0, "s2")]))
+    await apply_twice(store, A, Batch(2, 3.0, [EntriesRemoved([1], "GPU", 0)]))
     workers = await store.list_workers()
     assert workers[0].blocks == 1
     for sid in ("s1", "s2"):
@@ -158,9 +158,9 @@ async def test_storing_again_is_set_semantics(store: IndexStore) -> None:
 
 
 async def test_all_blocks_cleared_empties_only_that_worker(store: IndexStore) -> None:
-    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
-    await apply_twice(store, B, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
-    await apply_twice(store, A, Batch(1, 2.0, [AllCleared()]))
+    await apply_twice(store, A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+    await apply_twice(store, B, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+    await apply_twice(store, A, Batch(1, 2.0, [WorkerCleared()]))
     view = await store.get_session("s")
     assert view is not None
     # pod-a still listed: it holds nothing, and the clear took the block it held.
@@ -171,7 +171,7 @@ async def test_all_blocks_cleared_empties_only_that_worker(store: IndexStore) ->
 
 
 async def test_blocks_without_session_count_for_the_worker_only(store: IndexStore) -> None:
-    await apply_twice(store, A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, None)]))
+    await apply_twice(store, A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, None)]))
     (worker,) = await store.list_workers()
     assert (worker.blocks, worker.sessions) == (2, 0)
     page = await store.list_sessions(pod=None, limit=10, cursor=None)
@@ -179,12 +179,12 @@ async def test_blocks_without_session_count_for_the_worker_only(store: IndexStor
 
 
 async def test_old_seq_changes_nothing_and_restart_empties_worker(store: IndexStore) -> None:
-    await apply_twice(store, A, Batch(5, 100.0, [BlocksStored([1], "GPU", 0, "s")]))
-    await apply_twice(store, A, Batch(6, 101.0, [BlocksStored([2], "GPU", 0, "s")]))
-    assert await store.apply(A, Batch(5, 100.0, [BlocksRemoved([1])])) is ApplyOutcome.DUPLICATE
-    restarted = Batch(0, 200.0, [BlocksStored([7], "GPU", 0, "t")])
+    await apply_twice(store, A, Batch(5, 100.0, [EntriesStored([1], "GPU", 0, "s")]))
+    await apply_twice(store, A, Batch(6, 101.0, [EntriesStored([2], "GPU", 0, "s")]))
+    assert await store.apply(A, Batch(5, 100.0, [EntriesRemoved([1])])) is ApplyOutcome.DUPLICATE
+    restarted = Batch(0, 200.0, [EntriesStored([7], "GPU", 0, "t")])
     assert await store.apply(A, restarted) is ApplyOutcome.RESTARTED
-    stale = Batch(7, 102.0, [BlocksStored([3], "GPU", 0, "s")])
+    stale = Batch(7, 102.0, [EntriesStored([3], "GPU", 0, "s")])
     assert await store.apply(A, stale) is ApplyOutcome.PREVIOUS_ENGINE
     s = await store.get_session("s")
     assert s is not None and s.total_blocks == 0
@@ -193,28 +193,28 @@ async def test_old_seq_changes_nothing_and_restart_empties_worker(store: IndexSt
 
 
 async def test_a_fence_behind_the_expected_one_is_a_lost_index(store: IndexStore) -> None:
-    first = Batch(4, 100.0, [BlocksStored([1], "GPU", 0, "s")])
+    first = Batch(4, 100.0, [EntriesStored([1], "GPU", 0, "s")])
     assert await store.apply(A, first) is ApplyOutcome.APPLIED
     seen = await store.fence(A)
     assert seen is not None
-    assert await store.apply(A, Batch(5, 101.0, [BlocksStored([2], "GPU", 0, "s")]), seen) is (
+    assert await store.apply(A, Batch(5, 101.0, [EntriesStored([2], "GPU", 0, "s")]), seen) is (
         ApplyOutcome.APPLIED
     )
     # A duplicate or a newer engine behind the expected fence is fine: the store is ahead.
     assert await store.apply(A, first, seen) is ApplyOutcome.DUPLICATE
-    restarted = Batch(0, 200.0, [BlocksStored([9], "GPU", 0, "t")])
+    restarted = Batch(0, 200.0, [EntriesStored([9], "GPU", 0, "t")])
     assert await store.apply(A, restarted, seen) is ApplyOutcome.RESTARTED
     newer = await store.fence(A)
     assert newer is not None
     # Behind: same engine, older seq; or an older engine; or no fence at all.
     for expected in (Fence(1, 200.0, 200.0), Fence(0, 300.0, 300.0)):
         with pytest.raises(IndexLostError, match="pod-a/0"):
-            await store.apply(A, Batch(1, 200.5, [BlocksRemoved([9])]), expected)
+            await store.apply(A, Batch(1, 200.5, [EntriesRemoved([9])]), expected)
     await store.remove_worker(A)
     with pytest.raises(IndexLostError, match="no fence"):
-        await store.apply(A, Batch(1, 200.5, [BlocksRemoved([9])]), newer)
+        await store.apply(A, Batch(1, 200.5, [EntriesRemoved([9])]), newer)
     assert await store.list_workers() == []  # nothing was written by the refused batches
-    assert await store.apply(A, Batch(1, 200.5, [BlocksStored([3], "GPU", 0, "t")])) is (
+    assert await store.apply(A, Batch(1, 200.5, [EntriesStored([3], "GPU", 0, "t")])) is (
         ApplyOutcome.APPLIED
     )
     view = await store.get_session("t")
@@ -223,8 +223,8 @@ async def test_a_fence_behind_the_expected_one_is_a_lost_index(store: IndexStore
 
 async def test_sessions_listed_most_recent_first_with_cursor(store: IndexStore) -> None:
     for i in range(7):
-        await store.apply(A, Batch(i, float(i), [BlocksStored([i], "GPU", 0, f"s{i}")]))
-    await store.apply(B, Batch(0, 3.5, [BlocksStored([99], "GPU", 0, "s0")]))
+        await store.apply(A, Batch(i, float(i), [EntriesStored([i], "GPU", 0, f"s{i}")]))
+    await store.apply(B, Batch(0, 3.5, [EntriesStored([99], "GPU", 0, "s0")]))
     seen: list[str] = []
     cursor = None
     while True:
@@ -258,7 +258,7 @@ async def test_the_status_carries_the_streams_counters(store: IndexStore) -> Non
 
 
 async def test_remove_worker_forgets_it(store: IndexStore) -> None:
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     await store.remove_worker(A)
     assert await store.list_workers() == []
     view = await store.get_session("s")
@@ -269,9 +269,9 @@ async def test_remove_worker_forgets_it(store: IndexStore) -> None:
 
 
 async def test_idle_sessions_without_blocks_expire(store: IndexStore) -> None:
-    await store.apply(A, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, "gone")]))
-    await store.apply(A, Batch(1, 11.0, [BlocksStored([2], "GPU", 0, "kept")]))
-    await store.apply(A, Batch(2, 12.0, [BlocksRemoved([1])]))
+    await store.apply(A, Batch(0, 10.0, [EntriesStored([1], "GPU", 0, "gone")]))
+    await store.apply(A, Batch(1, 11.0, [EntriesStored([2], "GPU", 0, "kept")]))
+    await store.apply(A, Batch(2, 12.0, [EntriesRemoved([1])]))
     assert await store.expire_sessions(older_than=10.5, limit=1000) == (1, 1, False)
     assert await store.get_session("gone") is None
     assert await store.get_session("kept") is not None
@@ -285,7 +285,7 @@ hashes = st.one_of(
 )
 events = st.one_of(
     st.builds(
-        BlocksStored,
+        EntriesStored,
         st.lists(hashes, min_size=1, max_size=5),
         st.sampled_from(["GPU", "CPU", None]),
         st.sampled_from([0, 1, None]),
@@ -294,12 +294,12 @@ events = st.one_of(
         block_size=st.sampled_from([None, 16, 32]),
     ),
     st.builds(
-        BlocksRemoved,
+        EntriesRemoved,
         st.lists(hashes, min_size=1, max_size=5),
         st.sampled_from(["GPU", "CPU", None]),
         st.sampled_from([0, 1, None]),
     ),
-    st.just(AllCleared()),
+    st.just(WorkerCleared()),
 )
 steps = st.lists(
     st.tuples(
@@ -374,12 +374,12 @@ async def test_random_sequences_match_the_reference_model(
 
 
 async def test_unconfirmed_entries_are_dropped_unless_stored_again(store: IndexStore) -> None:
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s")]))
-    await store.apply(A, Batch(1, 2.0, [BlocksStored([4], "CPU", 0, "t")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored([4], "CPU", 0, "t")]))
     assert await store.mark_unconfirmed(A) == 4
     (worker,) = await store.list_workers()
     assert (worker.blocks, worker.unconfirmed) == (4, 4)
-    await store.apply(A, Batch(5, 3.0, [BlocksStored([2], "GPU", 0, "u"), BlocksRemoved([3])]))
+    await store.apply(A, Batch(5, 3.0, [EntriesStored([2], "GPU", 0, "u"), EntriesRemoved([3])]))
     (worker,) = await store.list_workers()
     assert (worker.blocks, worker.unconfirmed) == (3, 2)
     assert await store.drop_unconfirmed(A) == 2
@@ -393,9 +393,9 @@ async def test_unconfirmed_entries_are_dropped_unless_stored_again(store: IndexS
 
 
 async def test_prefix_match_is_the_held_run_from_the_first_block(store: IndexStore) -> None:
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s")]))
-    await store.apply(A, Batch(1, 2.0, [BlocksStored([2, 5], "CPU", 0, None)]))
-    await store.apply(B, Batch(0, 1.0, [BlocksStored([2, 3], "GPU", 1, "s")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored([2, 5], "CPU", 0, None)]))
+    await store.apply(B, Batch(0, 1.0, [EntriesStored([2, 3], "GPU", 1, "s")]))
     got = await store.match_prefix([1, 2, 3, 4, 5], None)
     assert got == {A: [("GPU",), ("CPU", "GPU"), ("GPU",)], B: []}
     only_b = await store.match_prefix([2, 3, 9], [B, WorkerKey("nobody", 0)])
@@ -439,12 +439,15 @@ async def test_apply_many_equals_applying_one_by_one(
 
 
 async def test_apply_many_checks_the_expected_fence(store: IndexStore) -> None:
-    first = Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")])
+    first = Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")])
     assert await store.apply(A, first) is ApplyOutcome.APPLIED
     seen = await store.fence(A)
     assert seen is not None
     await store.remove_worker(A)
-    more = [Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s")]), Batch(2, 3.0, [BlocksRemoved([1])])]
+    more = [
+        Batch(1, 2.0, [EntriesStored([2], "GPU", 0, "s")]),
+        Batch(2, 3.0, [EntriesRemoved([1])]),
+    ]
     with pytest.raises(IndexLostError):
         await store.apply_many(A, more, seen)
     assert await store.list_workers() == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from store.base import IndexStore
-from store.model import Batch, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 1)
@@ -14,7 +14,7 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 async def test_the_model_of_a_status_is_listed_and_read_per_worker(store: IndexStore) -> None:
     await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0, model=LLAMA))
     await store.set_status(B, WorkerStatus(WorkerState.LIVE, 1.0, model="qwen@2"))
-    await store.apply(C, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.apply(C, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
 
     listed = {WorkerKey(w.pod, w.dp_rank): w.model for w in await store.list_workers()}
 
@@ -38,7 +38,7 @@ async def test_a_status_without_model_forgets_it_and_a_new_one_replaces_it(
 async def test_applying_batches_keeps_the_model_and_removal_drops_it(store: IndexStore) -> None:
     await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0, model=LLAMA))
     for seq in (0, 1, 1):  # a duplicate too
-        await store.apply(A, Batch(seq, 1.0 + seq, [BlocksStored([seq], "GPU", 0, "s")]))
+        await store.apply(A, Batch(seq, 1.0 + seq, [EntriesStored([seq], "GPU", 0, "s")]))
     await store.clear_worker(A)
     assert await store.worker_models() == {A: LLAMA}
 

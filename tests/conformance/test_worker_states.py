@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from store.base import IndexStore
-from store.model import Batch, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.waiting import eventually
 
 A = WorkerKey("pod-a", 0)
@@ -21,7 +21,7 @@ async def test_worker_states_name_every_known_worker_as_list_workers_does(
     assert await store.worker_states() == {}
     await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0))
     await store.set_status(B, WorkerStatus(WorkerState.DEGRADED, 2.0, "gap"))
-    await store.apply(C, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+    await store.apply(C, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
 
     states = await store.worker_states()
 

@@ -35,7 +35,7 @@ from api.routers.llm_d.hints import HintOptions
 from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
 from store.memory import MemoryStore
-from store.model import Batch, BlocksStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 from tests.deploy.paths import DEPLOY, tool
 from tests.ports import free_port
@@ -202,7 +202,7 @@ async def session_on_two_pods(pods: tuple[str, str] = ("pod-a", "pod-b")) -> Mem
     for pod, hashes in zip(pods, ([1, 2], [1, 2, 3, 4, 5]), strict=True):
         worker = WorkerKey(pod, 0)
         await store.set_status(worker, WorkerStatus(WorkerState.LIVE, 1.0))
-        await store.apply(worker, Batch(0, 1.0, [BlocksStored(hashes, "GPU", 0, "s")]))
+        await store.apply(worker, Batch(0, 1.0, [EntriesStored(hashes, "GPU", 0, "s")]))
     return store
 
 
@@ -375,7 +375,7 @@ async def test_the_llm_d_pages_settings_give_the_answer_it_shows(tmp_path: Path)
     for pod, count in (("vllm-7d9c4f-k5n2p", 12), ("vllm-7d9c4f-x2x8q", 30)):
         worker = WorkerKey(pod, 0)
         await store.set_status(worker, WorkerStatus(WorkerState.LIVE, 1.0))
-        stored = BlocksStored(list(range(count)), "GPU", 0, "sess-00182")
+        stored = EntriesStored(list(range(count)), "GPU", 0, "sess-00182")
         await store.apply(worker, Batch(0, 1.0, [stored]))
     async with client_for(create_app(store, hint_options=options)) as client:
         answer = await client.get("/v1/sessions/sess-00182/hint?format=llm-d")

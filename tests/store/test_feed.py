@@ -7,10 +7,10 @@ import pytest
 from store.feed import FeedHub, FeedRecord, HistoryGone, Overflow, ResidencyChange, WorkerChange
 from store.memory import MemoryStore
 from store.model import (
-    AllCleared,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -32,11 +32,11 @@ async def test_each_batch_yields_one_change_per_session_with_totals() -> None:
     store = MemoryStore()
     hub = await store.change_feed()
     watcher = hub.subscribe(after=None)
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s1")]))
-    await store.apply(A, Batch(1, 2.0, [BlocksStored([3, 4], "GPU", 0, "s2")]))
-    await store.apply(A, Batch(2, 3.0, [BlocksStored([1, 2], "GPU", 0, "s1")]))  # reuse only
-    await store.apply(A, Batch(3, 4.0, [BlocksRemoved([3, 1])]))
-    await store.apply(A, Batch(4, 5.0, [AllCleared()]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s1")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored([3, 4], "GPU", 0, "s2")]))
+    await store.apply(A, Batch(2, 3.0, [EntriesStored([1, 2], "GPU", 0, "s1")]))  # reuse only
+    await store.apply(A, Batch(3, 4.0, [EntriesRemoved([3, 1])]))
+    await store.apply(A, Batch(4, 5.0, [WorkerCleared()]))
     got = []
     while not watcher.queue.empty():
         entry = await watcher.next()

@@ -3,7 +3,7 @@ it writes and reads no other worker; a full pass (the API replicas') sweeps the 
 
 from __future__ import annotations
 
-from store.model import Batch, BlocksRemoved, BlocksStored, WorkerKey
+from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey
 from tests.store.conftest import MakeStore
 
 A = WorkerKey("pod-a", 0)
@@ -16,12 +16,12 @@ async def test_a_written_only_pass_touches_only_the_workers_this_process_writes(
     sidecar_a, sidecar_b, api = await make_store(), await make_store(), await make_store()
     for writer, worker in ((sidecar_a, A), (sidecar_b, B)):
         await writer.apply(
-            worker, Batch(0, 10.0, [BlocksStored([1], "GPU", 0, f"held-{worker.pod}")])
+            worker, Batch(0, 10.0, [EntriesStored([1], "GPU", 0, f"held-{worker.pod}")])
         )
         await writer.apply(
             worker,
             Batch(
-                1, 10.0, [BlocksStored([2], "GPU", 0, f"empty-{worker.pod}"), BlocksRemoved([2])]
+                1, 10.0, [EntriesStored([2], "GPU", 0, f"empty-{worker.pod}"), EntriesRemoved([2])]
             ),
         )
 

@@ -12,10 +12,10 @@ from structlog.testing import capture_logs
 
 from store.feed import FeedEntry, FeedHub, FeedRecord, entry_id, split_id
 from store.model import (
-    AllCleared,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -53,9 +53,9 @@ async def test_the_entry_index_follows_entries_not_holders(
 ) -> None:
     store = await make_store()
     many = list(range(1000, 1000 + 3 * BUCKETS))
-    await store.apply(A, Batch(0, 1.0, [BlocksStored(many, "GPU", 0, "s1")]))
-    await store.apply(A, Batch(1, 2.0, [BlocksStored(many[:10], "GPU", 0, "s2")]))
-    await store.apply(A, Batch(2, 3.0, [BlocksStored([DIGEST, 5], "GPU", 0, None)]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored(many, "GPU", 0, "s1")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored(many[:10], "GPU", 0, "s2")]))
+    await store.apply(A, Batch(2, 3.0, [EntriesStored([DIGEST, 5], "GPU", 0, None)]))
     index = _index(raw, prefix, A, 0)
     assert len(index) == BUCKETS
     held = {m for members in index.values() for m in members}
@@ -67,23 +67,23 @@ async def test_the_entry_index_follows_entries_not_holders(
     )
     assert b"\x00" + DIGEST in index[bucket(DIGEST)]
     # Evicted entries leave the index, whether one session held them or two.
-    await store.apply(A, Batch(3, 4.0, [BlocksRemoved([many[0], many[20]], "GPU", 0)]))
+    await store.apply(A, Batch(3, 4.0, [EntriesRemoved([many[0], many[20]], "GPU", 0)]))
     index = _index(raw, prefix, A, 0)
     assert str(many[0]).encode() not in index[bucket(many[0])]
     assert str(many[20]).encode() not in index[bucket(many[20])]
     await store.mark_unconfirmed(A)
-    await store.apply(A, Batch(4, 5.0, [BlocksStored(many[1:5], "GPU", 0, "s2")]))
+    await store.apply(A, Batch(4, 5.0, [EntriesStored(many[1:5], "GPU", 0, "s2")]))
     await store.drop_unconfirmed(A)
     assert {m for ms in _index(raw, prefix, A, 0).values() for m in ms} == {
         str(h).encode() for h in many[1:5]
     }
     assert await store.match_prefix(many[1:6], [A]) == {A: [("GPU",)] * 4}
-    await store.apply(A, Batch(5, 6.0, [AllCleared(), BlocksStored([7], "CPU", 0, "s1")]))
+    await store.apply(A, Batch(5, 6.0, [WorkerCleared(), EntriesStored([7], "CPU", 0, "s1")]))
     assert _index(raw, prefix, A, 0) == {}
     assert _index(raw, prefix, A, 1) == {bucket(7): {b"7"}}
     await store.clear_worker(A)
     assert _index(raw, prefix, A, 1) == {}
-    await store.apply(A, Batch(6, 7.0, [BlocksStored([8], "GPU", 0, "s1")]))
+    await store.apply(A, Batch(6, 7.0, [EntriesStored([8], "GPU", 0, "s1")]))
     await store.remove_worker(A)
     assert raw.keys(f"{prefix}:{{{A.pod}/0}}:*") == []
 
@@ -92,14 +92,14 @@ async def test_a_worker_written_before_the_index_gets_it_on_its_next_write(
     make_store: MakeStore, raw: redis.Redis, prefix: str
 ) -> None:
     writer = await make_store()
-    await writer.apply(B, Batch(0, 1.0, [BlocksStored([1, 2, 3], "GPU", 0, "s")]))
-    await writer.apply(B, Batch(1, 2.0, [BlocksStored([4], "CPU", 0, None)]))
+    await writer.apply(B, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s")]))
+    await writer.apply(B, Batch(1, 2.0, [EntriesStored([4], "CPU", 0, None)]))
     for key in raw.keys(f"{prefix}:{{pod-b/3}}:e:*"):  # as an older version wrote it
         raw.delete(key)
     raw.hdel(f"{prefix}:{{pod-b/3}}:meta", "idx")
     later = await make_store()  # a new process: its mirror loads from Redis
     assert await later.match_prefix([1, 2], [B]) == {B: []}
-    await later.apply(B, Batch(2, 3.0, [BlocksStored([5], "GPU", 0, "t")]))
+    await later.apply(B, Batch(2, 3.0, [EntriesStored([5], "GPU", 0, "t")]))
     assert await later.match_prefix([1, 2, 3, 4, 5, 6], [B]) == {
         B: [("GPU",), ("GPU",), ("GPU",), ("CPU",), ("GPU",)]
     }
@@ -109,9 +109,9 @@ async def test_a_worker_that_gained_parts_is_matched_in_all_of_them(
     make_store: MakeStore,
 ) -> None:
     writer, reader = await make_store(), await make_store()
-    await writer.apply(A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s")]))
+    await writer.apply(A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]))
     assert await reader.match_prefix([1, 2], None) == {A: [("GPU",), ("GPU",)]}
-    events = [BlocksStored([2], m, g, "s") for m, g in (("CPU", 0), ("disk", 0), ("GPU", 1))]
+    events = [EntriesStored([2], m, g, "s") for m, g in (("CPU", 0), ("disk", 0), ("GPU", 1))]
     await writer.apply(A, Batch(1, 2.0, events))
     got = await reader.match_prefix([1, 2], None)
     assert got == {A: [("GPU",), ("CPU", "GPU", "disk")]}
@@ -137,7 +137,7 @@ async def test_two_writers_feed_each_batch_once_with_the_same_ids_on_every_repli
     one, two = await make_store(), await make_store()
     readers = [await make_store(), await make_store()]
     subs = [(await r.change_feed()).subscribe(after=None) for r in readers]
-    batches = [Batch(i, float(i), [BlocksStored([i], "GPU", 0, f"s{i % 3}")]) for i in range(20)]
+    batches = [Batch(i, float(i), [EntriesStored([i], "GPU", 0, f"s{i % 3}")]) for i in range(20)]
     for batch in batches:  # both replicas of the sidecar apply every batch
         await asyncio.gather(one.apply(A, batch), two.apply(A, batch))
     await one.set_status(A, WorkerStatus(WorkerState.LIVE, 5.0))
@@ -152,7 +152,7 @@ async def test_the_pump_starts_at_the_streams_end_survives_errors_and_stops_on_c
     make_store: MakeStore,
 ) -> None:
     writer, reader = await make_store(), await make_store()
-    await writer.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "old")]))
+    await writer.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "old")]))
     hub = await reader.change_feed()
     sub = hub.subscribe(after=None)
     pump = reader._pump
@@ -169,7 +169,7 @@ async def test_the_pump_starts_at_the_streams_end_survives_errors_and_stops_on_c
 
     reader._client.xread = flaky  # type: ignore[method-assign]
     with capture_logs() as logged:
-        await writer.apply(A, Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "new")]))
+        await writer.apply(A, Batch(1, 2.0, [EntriesStored([2], "GPU", 0, "new")]))
         got = await _received(sub, 1)
     assert [(e.change.session_id, e.change.blocks) for e in got] == [("new", 1)]  # type: ignore[union-attr]
     assert failures == 0

@@ -11,10 +11,10 @@ from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
 from store.model import (
-    AllCleared,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerCleared,
     WorkerKey,
     WorkerState,
     WorkerStatus,
@@ -42,10 +42,10 @@ def _batches() -> list[Batch]:
     """A stream touching every kind of write: stores with and without session, removals,
     two parts, a clear, and session ids with braces (which must not move the hash tag)."""
     return [
-        Batch(0, 1.0, [BlocksStored([1, 2, BIG], "GPU", 0, "s{1}"), BlocksStored([3], None)]),
-        Batch(1, 2.0, [BlocksStored([2, DIGEST], "CPU", 1, "{s2}"), BlocksRemoved([1])]),
-        Batch(2, 3.0, [AllCleared(), BlocksStored([4, 5], "GPU", 0, "s{1}")]),
-        Batch(3, 4.0, [BlocksRemoved([4], "GPU", 0), BlocksStored([6], "GPU", 0, "s3")]),
+        Batch(0, 1.0, [EntriesStored([1, 2, BIG], "GPU", 0, "s{1}"), EntriesStored([3], None)]),
+        Batch(1, 2.0, [EntriesStored([2, DIGEST], "CPU", 1, "{s2}"), EntriesRemoved([1])]),
+        Batch(2, 3.0, [WorkerCleared(), EntriesStored([4, 5], "GPU", 0, "s{1}")]),
+        Batch(3, 4.0, [EntriesRemoved([4], "GPU", 0), EntriesStored([6], "GPU", 0, "s3")]),
     ]
 
 
@@ -105,7 +105,7 @@ async def test_the_store_never_scans_the_keyspace(make_store: MakeStore, raw: re
     await _fill(store, A, B)
     await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0))
     await store.mark_unconfirmed(A)
-    await store.apply(A, Batch(9, 9.0, [BlocksStored([5], "GPU", 0, "s{1}")]))
+    await store.apply(A, Batch(9, 9.0, [EntriesStored([5], "GPU", 0, "s{1}")]))
     await store.drop_unconfirmed(A)
     for s in (store, reader):
         await s.list_workers()
@@ -129,11 +129,11 @@ async def test_the_store_never_scans_the_keyspace(make_store: MakeStore, raw: re
 async def test_a_flushed_script_is_loaded_again(server_url: str, prefix: str) -> None:
     store = RedisStore.from_url(f"{server_url}?prefix={prefix}")
     try:
-        await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+        await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
         await store._client.script_flush()
-        await store.apply(A, Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s")]))
+        await store.apply(A, Batch(1, 2.0, [EntriesStored([2], "GPU", 0, "s")]))
         await store._client.script_flush()
-        await store.apply(A, Batch(2, 3.0, [BlocksRemoved([1, 2])]))
+        await store.apply(A, Batch(2, 3.0, [EntriesRemoved([1, 2])]))
         assert (await store.expire_sessions(10.0, 1000)).sessions == 1
         assert await store.get_session("s") is None
     finally:
@@ -145,8 +145,8 @@ async def test_prefixes_keep_fleets_apart(
 ) -> None:
     one = await make_store(prefix=f"{prefix}-one")
     two = await make_store(prefix=f"{prefix}-two")
-    await one.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
-    await two.apply(A, Batch(7, 1.0, [BlocksStored([2, 3], "GPU", 0, "s")]))
+    await one.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+    await two.apply(A, Batch(7, 1.0, [EntriesStored([2, 3], "GPU", 0, "s")]))
     (w1,) = await one.list_workers()
     (w2,) = await two.list_workers()
     assert (w1.blocks, w1.last_seq, w2.blocks, w2.last_seq) == (1, 0, 2, 7)
@@ -164,8 +164,8 @@ async def test_int_hashes_are_signed_members_of_an_intset(
     make_store: MakeStore, raw: redis.Redis, prefix: str
 ) -> None:
     store = await make_store()
-    await store.apply(A, Batch(0, 1.0, [BlocksStored([1, BIG, 2**63], "GPU", 0, "s")]))
-    await store.apply(A, Batch(1, 2.0, [BlocksStored([DIGEST], "GPU", 1, "s")]))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1, BIG, 2**63], "GPU", 0, "s")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored([DIGEST], "GPU", 1, "s")]))
     ints = f"{prefix}:{{pod-a/0}}:s:0:s"
     assert raw.object("encoding", ints) == b"intset"
     assert raw.smembers(ints) == {b"1", str(BIG - 2**64).encode(), str(-(2**63)).encode()}
@@ -234,7 +234,7 @@ async def test_a_stored_old_residency_value_is_read_and_loaded_as_nothing_lost(
     make_store: MakeStore, raw: redis.Redis, prefix: str
 ) -> None:
     writer = await make_store()
-    await writer.apply(A, Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s", block_size=16)]))
+    await writer.apply(A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s", block_size=16)]))
     raw.hset(f"{prefix}:{{pod-a/0}}:res", "s", "1.0 0:2")  # as written before these fields
     reader = await make_store()
     view = await reader.get_session("s")
@@ -243,7 +243,7 @@ async def test_a_stored_old_residency_value_is_read_and_loaded_as_nothing_lost(
     assert (w.blocks, w.lost_blocks, w.reprefill_tokens, w.frontier) == (2, 0, None, None)
     # A writer whose mirror loads that value counts from there.
     later = await make_store()
-    await later.apply(A, Batch(1, 2.0, [BlocksRemoved([1], "GPU", 0)]))
+    await later.apply(A, Batch(1, 2.0, [EntriesRemoved([1], "GPU", 0)]))
     view = await reader.get_session("s")
     assert view is not None
     (w,) = view.workers
@@ -258,7 +258,7 @@ async def test_requests_meeting_a_stale_cache_share_one_read_of_it(
     writer = await make_store()
     workers = [WorkerKey(f"pod-{i}", 0) for i in range(20)]
     for w in workers:
-        await writer.apply(w, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s")]))
+        await writer.apply(w, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     reader = await make_store(registry_ttl="0.05")
     await reader.worker_states()
     await asyncio.sleep(0.06)  # both caches stale now

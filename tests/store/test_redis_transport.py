@@ -16,12 +16,12 @@ import redis.exceptions
 
 from store.memory import MemoryStore
 from store.model import (
-    AllCleared,
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     Hash,
+    WorkerCleared,
     WorkerKey,
 )
 from store.redis_layout import WorkerKeys, bucket, member
@@ -38,10 +38,10 @@ WORKERS = [WorkerKey(f"pod-{i}", 0) for i in range(6)]
 
 def test_removals_of_one_member_per_session_go_in_one_op() -> None:
     mirror = Mirror(WorkerKeys("p", WORKERS[0]), "", None, has_status=True)
-    stored = Batch(0, 1.0, [BlocksStored([i, 100 + i], "GPU", 0, f"s{i}") for i in range(5)])
+    stored = Batch(0, 1.0, [EntriesStored([i, 100 + i], "GPU", 0, f"s{i}") for i in range(5)])
     mirror.apply(stored, ApplyOutcome.APPLIED, "v1", 0.0)
     plan = mirror.apply(
-        Batch(1, 2.0, [BlocksRemoved([0, 1, 2, 102, 103])]), ApplyOutcome.APPLIED, "v2", 0.0
+        Batch(1, 2.0, [EntriesRemoved([0, 1, 2, 102, 103])]), ApplyOutcome.APPLIED, "v2", 0.0
     )
     keys = WorkerKeys("p", WORKERS[0])
     assert plan.ops[:9] == [INDEX_BASE, 0, INDEX_DEL, 5, 0, 1, 2, 102, 103]  # out of the index
@@ -68,7 +68,7 @@ async def test_apply_lua_buckets_the_entry_index_as_python_does(
     store = await make_store()
     rng = random.Random(5)
     hashes = [*EDGES, *(rng.getrandbits(64) for _ in range(300))]
-    stored = [BlocksStored(hashes[i : i + 7], "GPU", 0, f"s{i % 5}") for i in range(0, 330, 7)]
+    stored = [EntriesStored(hashes[i : i + 7], "GPU", 0, f"s{i % 5}") for i in range(0, 330, 7)]
     await store.apply(WORKERS[0], Batch(0, 1.0, stored))
     keys = WorkerKeys(prefix, WORKERS[0])
     expected: dict[int, set[bytes]] = {}
@@ -78,7 +78,7 @@ async def test_apply_lua_buckets_the_entry_index_as_python_does(
     for b, key in enumerate(keys.entries(0)):
         assert raw.smembers(key) == expected.get(b, set()), b
     gone = hashes[::3]
-    await store.apply(WORKERS[0], Batch(1, 2.0, [BlocksRemoved(gone)]))
+    await store.apply(WORKERS[0], Batch(1, 2.0, [EntriesRemoved(gone)]))
     assert sum(raw.scard(key) for key in keys.entries(0)) == len(set(hashes) - set(gone))
 
 
@@ -88,20 +88,20 @@ async def test_mixed_batches_match_the_memory_store(make_store: MakeStore) -> No
     ref = MemoryStore()
     big = 2**64 - 5  # a u64 above i64: sent as a negative member
     batches = [
-        Batch(0, 1.0, [BlocksStored([1, 2, big], "GPU", 0, f"s{i}") for i in range(3)]),
+        Batch(0, 1.0, [EntriesStored([1, 2, big], "GPU", 0, f"s{i}") for i in range(3)]),
         Batch(
             1,
             2.0,
             [
-                BlocksStored([7, 8], "GPU", 0, None),
-                BlocksRemoved([1, big]),
-                BlocksStored([1, 7], "GPU", 0, "s9"),
-                BlocksRemoved([2, 7]),
-                BlocksStored([2], "CPU", 0, "s0"),
+                EntriesStored([7, 8], "GPU", 0, None),
+                EntriesRemoved([1, big]),
+                EntriesStored([1, 7], "GPU", 0, "s9"),
+                EntriesRemoved([2, 7]),
+                EntriesStored([2], "CPU", 0, "s0"),
             ],
         ),
-        Batch(2, 3.0, [BlocksStored([5], "GPU", 0, "s1"), AllCleared(), BlocksStored([6])]),
-        Batch(3, 4.0, [BlocksStored([6, 9], "GPU", 0, "s2"), BlocksRemoved([9, 6])]),
+        Batch(2, 3.0, [EntriesStored([5], "GPU", 0, "s1"), WorkerCleared(), EntriesStored([6])]),
+        Batch(3, 4.0, [EntriesStored([6, 9], "GPU", 0, "s2"), EntriesRemoved([9, 6])]),
     ]
     for batch in batches:
         assert await store.apply(WORKERS[0], batch) == await ref.apply(WORKERS[0], batch)
@@ -118,8 +118,8 @@ async def test_concurrent_workers_share_one_pipelined_connection(make_store: Mak
                 seq,
                 float(seq + 1),
                 [
-                    BlocksStored([seq * 10 + 1, seq * 10 + 2], "GPU", 0, f"{w.pod}-s{seq % 4}"),
-                    BlocksRemoved([(seq - 3) * 10 + 1]),
+                    EntriesStored([seq * 10 + 1, seq * 10 + 2], "GPU", 0, f"{w.pod}-s{seq % 4}"),
+                    EntriesRemoved([(seq - 3) * 10 + 1]),
                 ],
             )
             assert await store.apply(w, batch) == await ref.apply(w, batch)
@@ -173,8 +173,8 @@ async def test_a_dropped_connection_fails_every_call_in_flight(make_store: MakeS
     reconnect, and the index ends as the memory store's."""
     store, reader = await make_store(), await make_store()
     ref = MemoryStore()
-    first = [Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s")]) for _ in WORKERS]
-    second = Batch(1, 2.0, [BlocksStored([3], "GPU", 0, "s"), BlocksRemoved([1])])
+    first = [Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]) for _ in WORKERS]
+    second = Batch(1, 2.0, [EntriesStored([3], "GPU", 0, "s"), EntriesRemoved([1])])
     for w, b in zip(WORKERS, first, strict=True):
         await store.apply(w, b)
         await ref.apply(w, b)

@@ -19,8 +19,8 @@ from store.memory import MemoryStore
 from store.model import (
     ApplyOutcome,
     Batch,
-    BlocksRemoved,
-    BlocksStored,
+    EntriesRemoved,
+    EntriesStored,
     StoreEvent,
     WorkerKey,
     format_hash,
@@ -206,7 +206,7 @@ async def test_a_writer_trailing_the_other_follows_without_reloading(make_store:
     trailer._load = counting  # type: ignore[method-assign]
     stream = [
         Batch(
-            i, float(i), [BlocksStored([i, i + 1], "GPU", 0, f"s{i % 3}"), BlocksRemoved([i - 2])]
+            i, float(i), [EntriesStored([i, i + 1], "GPU", 0, f"s{i % 3}"), EntriesRemoved([i - 2])]
         )
         for i in range(3 * VLOG_LENGTH)
     ]
@@ -223,7 +223,7 @@ async def test_a_writer_trailing_the_other_follows_without_reloading(make_store:
     # The leader stops: the trailer catches up and takes over without reloading.
     for batch in stream[len(stream) - lag + 1 :]:
         assert await trailer.apply(A, batch) is ApplyOutcome.DUPLICATE
-    last = Batch(len(stream), 99.0, [BlocksStored([7], "CPU", 0, "s1")])
+    last = Batch(len(stream), 99.0, [EntriesStored([7], "CPU", 0, "s1")])
     assert await trailer.apply(A, last) is ApplyOutcome.APPLIED
     await ref.apply(A, last)
     assert loads == 1
@@ -234,7 +234,7 @@ async def test_a_writer_far_behind_reloads_once_when_it_takes_over(make_store: M
     leader, trailer, reader = await make_store(), await make_store(), await make_store()
     ref = MemoryStore()
     stream = [
-        Batch(i, float(i), [BlocksStored([i], "GPU", 0, "s1"), BlocksRemoved([i - 3])])
+        Batch(i, float(i), [EntriesStored([i], "GPU", 0, "s1"), EntriesRemoved([i - 3])])
         for i in range(3 * VLOG_LENGTH)
     ]
     await trailer.apply(A, stream[0])
@@ -244,7 +244,7 @@ async def test_a_writer_far_behind_reloads_once_when_it_takes_over(make_store: M
     for batch in stream[1:]:
         assert await trailer.apply(A, batch) is ApplyOutcome.DUPLICATE
     assert trailer._writers[A].mirror is None  # too far behind to follow: dropped, not reloaded
-    last = Batch(len(stream), 99.0, [BlocksRemoved([len(stream) - 1])])
+    last = Batch(len(stream), 99.0, [EntriesRemoved([len(stream) - 1])])
     assert await trailer.apply(A, last) is ApplyOutcome.APPLIED
     await ref.apply(A, last)
     assert await snapshot(reader) == await snapshot(ref)
@@ -256,9 +256,9 @@ async def test_a_failed_call_leaves_no_stale_mirror(make_store: MakeStore, lands
     batch must end in the same index either way, and the next batches apply on top of it."""
     store, reader = await make_store(), await make_store()
     ref = MemoryStore()
-    first = Batch(0, 1.0, [BlocksStored([1, 2], "GPU", 0, "s1")])
-    second = Batch(1, 2.0, [BlocksStored([3], "GPU", 0, "s2"), BlocksRemoved([1])])
-    third = Batch(2, 3.0, [BlocksRemoved([2, 3])])
+    first = Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s1")])
+    second = Batch(1, 2.0, [EntriesStored([3], "GPU", 0, "s2"), EntriesRemoved([1])])
+    third = Batch(2, 3.0, [EntriesRemoved([2, 3])])
     for batch in (first, second, third):
         await ref.apply(A, batch)
     await store.apply(A, first)
@@ -299,12 +299,12 @@ async def test_big_batches_are_split_into_several_commands(make_store: MakeStore
     ref = MemoryStore()
     hashes = list(range(1, 20_001))
     evs: list[StoreEvent] = [
-        BlocksStored(hashes, "GPU", 0, "s1"),
-        BlocksStored(hashes, "GPU", 0, None),
+        EntriesStored(hashes, "GPU", 0, "s1"),
+        EntriesStored(hashes, "GPU", 0, None),
     ]
     for batch in (
         Batch(0, 1.0, evs),
-        Batch(1, 2.0, [BlocksRemoved(hashes[::2])]),
+        Batch(1, 2.0, [EntriesRemoved(hashes[::2])]),
     ):
         assert await store.apply(A, batch) == await ref.apply(A, batch)
     assert await store.mark_unconfirmed(A) == await ref.mark_unconfirmed(A) == 10_000
@@ -320,14 +320,14 @@ async def test_redis_errors_propagate_and_the_store_recovers(prefix: str) -> Non
     server.start()
     store = RedisStore.from_url(f"{server.url}?prefix={prefix}&registry_ttl=0")
     try:
-        await store.apply(A, Batch(0, 1.0, [BlocksStored([1], "GPU", 0, "s1")]))
+        await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s1")]))
         server.stop()
         with pytest.raises(redis.exceptions.ConnectionError):
-            await store.apply(A, Batch(1, 2.0, [BlocksStored([2], "GPU", 0, "s1")]))
+            await store.apply(A, Batch(1, 2.0, [EntriesStored([2], "GPU", 0, "s1")]))
         with pytest.raises(redis.exceptions.ConnectionError):
             await store.get_session("s1")
         server.start(server.port)
-        assert await store.apply(A, Batch(2, 3.0, [BlocksStored([3], "GPU", 0, "s1")])) is (
+        assert await store.apply(A, Batch(2, 3.0, [EntriesStored([3], "GPU", 0, "s1")])) is (
             ApplyOutcome.APPLIED
         )
         view = await store.get_session("s1")
@@ -356,10 +356,10 @@ async def test_expiry_goes_through_the_writers_mirror_and_a_replica_leaves_it_bl
     writer._load = counting  # type: ignore[method-assign]
     prompt = [101, 102]
     stream = [
-        Batch(0, 10.0, [BlocksStored([*prompt, 1], "GPU", 0, "a"),
-                        BlocksStored([*prompt, 2], "GPU", 0, "b"),
-                        BlocksStored([3], "GPU", 0, "empty"), BlocksRemoved([3])]),
-        Batch(1, 50.0, [BlocksStored([*prompt, 4], "GPU", 0, "c")]),
+        Batch(0, 10.0, [EntriesStored([*prompt, 1], "GPU", 0, "a"),
+                        EntriesStored([*prompt, 2], "GPU", 0, "b"),
+                        EntriesStored([3], "GPU", 0, "empty"), EntriesRemoved([3])]),
+        Batch(1, 50.0, [EntriesStored([*prompt, 4], "GPU", 0, "c")]),
     ]  # fmt: skip
     for batch in stream:
         assert await writer.apply(A, batch) == await ref.apply(A, batch)
@@ -369,12 +369,13 @@ async def test_expiry_goes_through_the_writers_mirror_and_a_replica_leaves_it_bl
     assert (done.residencies, done.sessions) == (2, 2)  # "a" and "b"; "empty" was gone
     assert (await ref.expire_sessions(20.0, 100))[:2] == (3, 3)
     later = [
-        Batch(2, 60.0, [BlocksRemoved([101, 1]), BlocksStored([2, 5], "GPU", 0, "a")]),
-        Batch(3, 61.0, [BlocksStored([3], "GPU", 0, "empty")]),
+        Batch(2, 60.0, [EntriesRemoved([101, 1]), EntriesStored([2, 5], "GPU", 0, "a")]),
+        Batch(3, 61.0, [EntriesStored([3], "GPU", 0, "empty")]),
     ]
     for batch in later:
         assert await writer.apply(A, batch) == await ref.apply(A, batch)
     assert loads == 1
     assert await snapshot(reader) == await snapshot(ref)
     mirror = writer._writers[A].mirror
-    assert mirror is not None and list(mirror.res) == ["c", "a", "empty"]  # last-store order
+    assert mirror is not None
+    assert list(mirror.index.residencies) == ["c", "a", "empty"]  # last-store order

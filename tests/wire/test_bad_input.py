@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from store.model import BlocksRemoved, BlocksStored
+from store.model import EntriesRemoved, EntriesStored
 from subscriber.decode import ingest_decoder, wire_decoder
 from subscriber.drops import DropReason
 
@@ -41,14 +41,14 @@ def test_malformed_event_is_skipped_and_the_rest_kept() -> None:
     broken = dict(GOOD_STORED, block_hashes="not a list")
     decoded = ingest_decoder().decode(_payload(broken, GOOD_REMOVED, GOOD_STORED))
     assert decoded.dropped == [DropReason.MALFORMED_EVENT]
-    assert isinstance(decoded.events[0], BlocksRemoved)
-    assert isinstance(decoded.events[1], BlocksStored)
+    assert isinstance(decoded.events[0], EntriesRemoved)
+    assert isinstance(decoded.events[1], EntriesStored)
 
 
 def test_unknown_fields_are_ignored() -> None:
     decoded = ingest_decoder().decode(_payload(dict(GOOD_STORED, future_field=[1, 2])))
     assert decoded.dropped == []
-    assert isinstance(decoded.events[0], BlocksStored)
+    assert isinstance(decoded.events[0], EntriesStored)
     assert decoded.events[0].session_id == "s"
 
 
@@ -76,4 +76,4 @@ def test_legacy_and_map_streams_alternate_without_loss() -> None:
     for payload in (legacy, modern, legacy, legacy, modern):
         decoded = decoder.decode(payload)
         assert decoded.ok and decoded.dropped == []
-        assert isinstance(decoded.events[0], BlocksRemoved)
+        assert isinstance(decoded.events[0], EntriesRemoved)

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from store.model import AllCleared, BlocksRemoved, BlocksStored, format_hash, parse_hash
+from store.model import EntriesRemoved, EntriesStored, WorkerCleared, format_hash, parse_hash
 from subscriber import wire
 from subscriber.decode import ingest_decoder, wire_decoder
 from tests.paths import WIRE
@@ -70,14 +70,14 @@ def test_ingest_decoder_keeps_what_the_index_needs(release: str, case: dict[str,
     assert len(decoded.events) == len(expected)
     for event, want in zip(decoded.events, expected, strict=True):
         if want["type"] == "AllBlocksCleared":
-            assert isinstance(event, AllCleared)
+            assert isinstance(event, WorkerCleared)
             continue
-        assert isinstance(event, BlocksStored if want["type"] == "BlockStored" else BlocksRemoved)
+        assert isinstance(event, EntriesStored if want["type"] == "BlockStored" else EntriesRemoved)
         canonical = [format_hash(parse_hash(h)) for h in want["block_hashes"]]
         assert [format_hash(h) for h in event.block_hashes] == canonical
         assert event.medium == want.get("medium")
         assert event.group_idx == want.get("group_idx")
-        if isinstance(event, BlocksStored):
+        if isinstance(event, EntriesStored):
             assert event.session_id == want.get("session_id")
             assert event.block_size == want["block_size"]
             parent = want["parent_block_hash"]
@@ -115,6 +115,6 @@ def test_simulator_encoding_is_byte_identical_to_vllm_033() -> None:
 def test_signed_hashes_of_old_releases_enter_the_index_unsigned() -> None:
     payload = (WIRE / "0.9.0" / "stored_signed_int_hashes.msgpack").read_bytes()
     event = ingest_decoder().decode(payload).events[0]
-    assert isinstance(event, BlocksStored)
+    assert isinstance(event, EntriesStored)
     assert event.block_hashes == [2**63, 2**64 - 1, 1234567890123456789]
     assert parse_hash("-1") == 2**64 - 1

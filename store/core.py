@@ -1,0 +1,401 @@
+"""One worker's index in process memory: the rules both the memory store and the Redis writer drive.
+
+Imports neither zmq, fastapi nor redis, nor any store backend: `store.memory` is this core
+plus reads, `store.redis_mirror` this core plus the Redis plan of each write. Its records
+(parts, residencies, holders) are in store/records.py.
+
+What it keeps, per worker: the reverse map (per part, entry -> the sessions holding it), each
+session residency (its count per part, last store, losses and frontier), the entries held
+over an unrepaired gap, the fence, and what the write being applied changed (the change
+feed's rows). Residencies keep counts, not their hashes: the reverse map already says which
+session holds what, so a store or a removal touches one map per hash, not two. Reading a
+session's hashes back (`holdings`) walks the worker's entries instead: reads rare enough
+for that, the memory store's `session_blocks` and expiry (the Redis writer reads the
+session sets from Redis).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Iterable, Mapping
+from functools import partial
+from operator import is_not
+from typing import Final, Generic, TypeVar
+
+from store.feed import ResidencyRow
+from store.model import (
+    DEFAULT_MEDIUM,
+    EntriesStored,
+    Fence,
+    Hash,
+    PartKey,
+    idle,
+    next_position,
+    release,
+)
+from store.records import ABSENT, Holders, Part, Removed, Residency
+
+_SET_HOLDS: Final[Callable[[Holders | bool, Residency], bool]] = set.__contains__  # type: ignore[assignment]
+"""`set.__contains__` as a function of any holder: TypeError unless it is a set."""
+
+_NOT_HELD: Final = itertools.repeat(False)
+"""Defaults of a removal's `holders.pop`: False, never a holder."""
+
+
+P = TypeVar("P", bound=Part)
+R = TypeVar("R", bound=Residency)
+
+
+class WorkerIndex(Generic[P, R]):
+    """One worker's entries, holders, residencies and fence; the writes both backends apply.
+
+    A write starts with `begin` and ends with `rows`, the change feed's record of it. The
+    backend makes parts and residencies through the two factories (each adds what it keeps
+    beside them: Redis key names, the session a residency belongs to).
+    """
+
+    def __init__(
+        self,
+        new_part: Callable[[int, str, int], P],
+        new_residency: Callable[[str], R],
+    ) -> None:
+        self._new_part = new_part
+        self._new_residency = new_residency
+        self.parts: dict[PartKey, P] = {}
+        self.by_pid: dict[int, P] = {}
+        self.residencies: dict[str, R] = {}
+        """In the order of their last store (a store moves its residency to the end): the
+        idle ones come first, so expiry reads only what it drops."""
+        self.active = 0
+        """Residencies holding at least one entry: the worker's `sessions` count."""
+        self.fence: Fence | None = None
+        self._batch = 0
+        self._changed: list[Residency] = []
+        """Residencies whose entries the current write changed, for the change feed."""
+        self._closed: list[ResidencyRow] = []
+        """Rows of residencies the current write ended (a clear, an expiry)."""
+
+    # -- parts and residencies ------------------------------------------------------------
+
+    def part(self, medium: str | None, group: int | None) -> P | None:
+        """The part of an event's (medium, group_idx), vLLM's None meaning GPU and 0."""
+        return self.parts.get((medium or DEFAULT_MEDIUM, group or 0))
+
+    def add_part(self, pid: int, medium: str, group: int) -> P:
+        part = self.parts[(medium, group)] = self.by_pid[pid] = self._new_part(pid, medium, group)
+        return part
+
+    def new_part(self, medium: str | None, group: int | None) -> P:
+        """A part the worker did not have, named by the next part id."""
+        return self.add_part(len(self.by_pid), medium or DEFAULT_MEDIUM, group or 0)
+
+    def add_residency(self, session_id: str, last_store: float) -> R:
+        """A residency at the end of the last-store order (a load adds them oldest first)."""
+        res = self._new_residency(session_id)
+        res.last_store = last_store
+        self.residencies[res.session_id] = res
+        return res
+
+    def idle(self, older_than: float, limit: int) -> list[R]:
+        """Up to `limit + 1` residencies, least recently stored first, while `idle`."""
+        return list(
+            itertools.takewhile(
+                lambda r: idle(r.last_store, older_than),
+                itertools.islice(self.residencies.values(), limit + 1),
+            )
+        )
+
+    def entries(self) -> int:
+        return sum(len(p.holders) for p in self.by_pid.values())
+
+    def unconfirmed(self) -> int:
+        return sum(len(p.pending) for p in self.by_pid.values())
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start a write: the change feed's rows count its changes from here."""
+        self._batch += 1
+        self._changed = []
+        self._closed = []
+
+    def rows(self) -> tuple[ResidencyRow, ...]:
+        """The change feed's rows of the write: one per session whose entries it changed,
+        (session, added, removed, entries now), in no particular order (`FeedRecord` sorts
+        them when read); a residency a clear ended mid-write has its own row with 0
+        entries, and a later store a second row."""
+        rows = self._closed
+        if self._changed:
+            rows += [(r.session_id, r.added, r.removed, r.total) for r in self._changed]
+            self._changed = []
+        self._closed = []
+        return tuple(rows)
+
+    def confirm(self, part: Part, hashes: list[Hash]) -> set[Hash]:
+        """Entries an event names are confirmed (no longer pending); returns those that were."""
+        gone = part.pending.intersection(hashes)
+        if gone:
+            part.pending -= gone
+        return gone
+
+    def store(
+        self, event: EntriesStored, ts: float
+    ) -> tuple[P, R | None, list[Hash], list[Hash], list[Hash] | None]:
+        """Apply a store at engine time `ts`: the part gains the entries, the session's
+        residency (moved to the end of the last-store order when `ts` is its latest) holds
+        them, nothing is lost since and its frontier moves (`next_position`). Unconfirmed
+        entries it names are confirmed first (`confirm`, by the caller if it must know
+        which).
+
+        Returns (part, residency or None for a store of no session, entries new to the
+        residency (of no session: new to the worker), of those the ones new to the worker,
+        of those the ones no session held before (adopted orphans; None if none)).
+        """
+        # The hot path of ingest: lookups are inlined rather than factored into helpers.
+        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+        if part is None:
+            part = self.new_part(event.medium, event.group_idx)
+        hashes = event.block_hashes
+        if part.pending:
+            self.confirm(part, hashes)
+        holders = part.holders
+        sid = event.session_id
+        if sid is None:
+            new = list(dict.fromkeys(h for h in hashes if h not in holders))
+            holders.update(dict.fromkeys(new))
+            return part, None, new, new, None
+        residencies = self.residencies
+        res = residencies.get(sid)
+        if res is None:
+            res = self.add_residency(sid, max(ts, 0.0))
+        elif ts > res.last_store:
+            res.last_store = ts
+            key = res.session_id
+            del residencies[key]  # to the end: the dict stays in last-store order
+            residencies[key] = res
+        res.lost = 0
+        if event.block_size is not None:
+            res.block_size = event.block_size
+        if hashes:
+            parent = event.parent_block_hash
+            res.position = next_position(res.position, res.frontier, parent, hashes)
+            res.frontier = hashes[-1]
+        before = len(holders)
+        adopted = None
+        if holders.keys().isdisjoint(hashes):  # all new to the worker: the common case
+            holders.update(dict.fromkeys(hashes, res))
+            n = len(holders) - before
+            added = fresh = hashes if n == len(hashes) else list(dict.fromkeys(hashes))
+        elif _holds_all(holders, res, hashes):  # a reuse report of what it holds
+            return part, res, [], [], None
+        else:
+            added, fresh, adopted = _hold_each(holders, res, hashes)
+            n = len(added)
+        if n:
+            if not res.total:
+                self.active += 1
+            res.total += n
+            pid = part.pid
+            if pid:
+                others = res.in_others
+                others[pid] = others.get(pid, 0) + n
+            else:
+                res.in_first += n
+            if res.batch != self._batch:
+                res.batch = self._batch
+                res.added = res.removed = 0
+                self._changed.append(res)
+            res.added += n
+        return part, res, added, fresh, adopted
+
+    def remove(self, part: Part, hashes: Collection[Hash], lost: int) -> Removed:
+        """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
+        policy's drops) is what each adds to a session's lost blocks."""
+        popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
+        pid, batch = part.pid, self._batch
+        losers = popped if set not in map(type, popped) else _each_holder(popped)
+        for res in losers:
+            if not isinstance(res, Residency):
+                continue  # not on the worker (False), or held by no session (None)
+            if pid:
+                _uncount_other(res.in_others, pid)
+            else:
+                res.in_first -= 1
+            res.total -= 1
+            res.lost += lost
+            if not res.total:
+                self.active -= 1
+            if res.batch != batch:
+                res.batch = batch
+                res.added = res.removed = 0
+                self._changed.append(res)
+            res.removed += 1
+        return Removed(hashes, popped)
+
+    def clear(self) -> list[tuple[R, list[int]]]:
+        """Every entry gone (the engine's cache emptied: a restart, `WorkerCleared`, a worker
+        cleared). Residencies stay, their entries counted as lost (a next turn prefills them
+        again); each that held entries or changed in this write ends its feed row here.
+        Returns those that held entries, with the part ids they held entries in."""
+        emptied = []
+        closed, batch = self._closed, self._batch
+        for sid, res in self.residencies.items():
+            if res.batch == batch:
+                closed.append((sid, res.added, res.removed + res.total, 0))
+                res.batch = 0  # stored again later in this write: a new row
+            elif res.total:
+                closed.append((sid, 0, res.total, 0))
+            if res.total:
+                emptied.append((res, list(res.counts())))
+                res.in_first = 0
+                res.in_others.clear()
+                res.lost += res.total
+                res.total = 0
+        self._changed = []
+        for part in self.by_pid.values():
+            part.holders.clear()
+            part.pending.clear()
+        self.active = 0
+        return emptied
+
+    def mark_unconfirmed(self) -> int:
+        """Every entry is held over an unrepaired gap until an event names it again."""
+        for part in self.by_pid.values():
+            part.pending = set(part.holders)
+        return self.unconfirmed()
+
+    def take_unconfirmed(self) -> list[tuple[P, set[Hash]]]:
+        """The still-unconfirmed entries per part, no longer pending (to be removed)."""
+        out = []
+        for part in self.by_pid.values():
+            if part.pending:
+                out.append((part, part.pending))
+                part.pending = set()
+        return out
+
+    def drop(self, res: R, held: Mapping[int, Iterable[Hash]]) -> dict[int, list[Hash]]:
+        """Drop a residency (the idle rule) whose entries per part are `held`: each entry
+        stays on the worker (`release`); returns, per part, those it leaves held by none. Its
+        feed row, if it held entries, removes them all (not losses)."""
+        sid = res.session_id
+        holder: Residency = res
+        orphaned: dict[int, list[Hash]] = {}
+        for pid, hashes in held.items():
+            holders = self.by_pid[pid].holders
+            orphans = orphaned[pid] = []
+            for h in hashes:
+                cur = holders.get(h, ABSENT)
+                if cur is not ABSENT:
+                    holders[h] = after = release(cur, holder)
+                    if after is None:
+                        orphans.append(h)
+        if res.total:
+            self.active -= 1
+            self._closed.append((sid, 0, res.total, 0))
+        del self.residencies[sid]
+        return orphaned
+
+    # -- loading and reading --------------------------------------------------------------
+
+    def load(self, part: P, res: R, hashes: Iterable[Hash]) -> None:
+        """`res` holds `hashes` in `part`, as read back from a store (no feed row)."""
+        holders = part.holders
+        added = 0
+        for h in hashes:
+            cur = holders.get(h, ABSENT)
+            if cur is ABSENT or cur is None:
+                holders[h] = res
+            elif isinstance(cur, Residency):
+                holders[h] = {cur, res}
+            else:
+                cur.add(res)
+            added += 1
+        if added:
+            if not res.total:
+                self.active += 1
+            if part.pid:
+                res.in_others[part.pid] = res.in_others.get(part.pid, 0) + added
+            else:
+                res.in_first += added
+            res.total += added
+
+    def load_orphans(self, part: P, hashes: Iterable[Hash]) -> None:
+        """`hashes` are on the worker held by no session, as read back from a store."""
+        for h in hashes:
+            part.holders.setdefault(h, None)
+
+    def holdings(self, session_ids: Collection[str]) -> dict[str, dict[int, list[Hash]]]:
+        """The entries each of `session_ids` holds, per part id: O(worker entries)."""
+        out: dict[str, dict[int, list[Hash]]] = {sid: {} for sid in session_ids}
+        for pid, part in self.by_pid.items():
+            for h, cur in part.holders.items():
+                if cur is None:
+                    continue
+                for res in (cur,) if isinstance(cur, Residency) else cur:
+                    held = out.get(res.session_id)
+                    if held is not None:
+                        held.setdefault(pid, []).append(h)
+        return out
+
+
+def _holds_all(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]) -> bool:
+    """Whether `res` holds every one of `hashes` already, alone or with others; in C loops
+    (map, filter, count), not a Python one: engines report the reuse of a whole prefix."""
+    found = list(map(holders.get, hashes, _NOT_HELD))
+    if found.count(res) == len(found):
+        return True
+    try:  # the rest must be sets holding `res`; None, False or another residency raise
+        rest = filter(partial(is_not, res), found)
+        return all(map(_SET_HOLDS, rest, itertools.repeat(res)))
+    except TypeError:
+        return False
+
+
+def _hold_each(
+    holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]
+) -> tuple[list[Hash], list[Hash], list[Hash] | None]:
+    """`store` when some hashes are on the worker already: one look per hash."""
+    added: list[Hash] = []
+    fresh: list[Hash] = []
+    adopted: list[Hash] | None = None
+    for h in hashes:
+        cur = holders.get(h, ABSENT)
+        if cur is ABSENT:
+            holders[h] = res
+            fresh.append(h)
+        elif cur is None:
+            holders[h] = res
+            if adopted is None:
+                adopted = [h]
+            else:
+                adopted.append(h)
+        elif cur is res:
+            continue
+        elif isinstance(cur, Residency):
+            holders[h] = {cur, res}
+        elif res in cur:
+            continue
+        else:
+            cur.add(res)
+        added.append(h)
+    return added, fresh, adopted
+
+
+def _each_holder(popped: list[Holders | bool]) -> list[Holders | bool]:
+    """`popped` with each set of holders (an entry several sessions hold) spread out."""
+    out: list[Holders | bool] = []
+    for cur in popped:
+        if isinstance(cur, set):
+            out += cur
+        else:
+            out.append(cur)
+    return out
+
+
+def _uncount_other(others: dict[int, int], pid: int) -> None:
+    """One entry of part `pid` (not 0) leaves a residency's `in_others`."""
+    left = others[pid] - 1
+    if left:
+        others[pid] = left
+    else:
+        del others[pid]
