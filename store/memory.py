@@ -401,7 +401,7 @@ class MemoryStore:
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
         """Summed from every residency: O(residencies), a worker at a time with a yield to
-        the event loop after each (all at once, 100,000 residencies stall requests ~50 ms)."""
+        the event loop after each (all at once, a large index would stall requests)."""
         out = {}
         for key, w in list(self._workers.items()):
             residencies = list(w.index.residencies.values())

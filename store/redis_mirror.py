@@ -69,7 +69,7 @@ may lag and still follow the first without reloading its copy."""
 
 FEED_LENGTH = 1000
 """Records kept in a worker's feed stream (`XADD MAXLEN ~`): what an API replica's pump may
-lag behind (it reads every ~50 ms); resuming a watch uses the replica's own history."""
+lag behind (it reads in short rounds); resuming a watch uses the replica's own history."""
 
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -77,7 +77,7 @@ _ENCODER = msgspec.msgpack.Encoder()
 def batch_id(batch: Batch) -> str:
     """What names a batch in the version log: seq, engine time and a CRC of its events.
 
-    (seq, ts) alone names a batch of one stream; the CRC (~2 µs a batch) makes sure that a
+    (seq, ts) alone names a batch of one stream; the CRC (cheap beside the batch) makes sure that a
     writer follows another's version only for the very events it applied itself.
     """
     return f"{batch.seq}:{batch.ts!r}:{zlib.crc32(_ENCODER.encode(batch.events)):08x}"

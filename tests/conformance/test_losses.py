@@ -20,7 +20,7 @@ from store.model import (
     WorkerKey,
     WorkerLosses,
 )
-from tests.conformance.test_store import apply_twice
+from tests.conformance.checks import apply_twice
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 1)

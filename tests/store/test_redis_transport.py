@@ -29,7 +29,7 @@ from store.redis_mirror import Mirror
 from store.redis_plan import INDEX_BASE, INDEX_DEL, SREM1
 from store.redis_transport import DirectScript
 from tests.store.conftest import MakeStore
-from tests.store.test_redis_writers import snapshot
+from tests.store.snapshots import snapshot
 
 pytestmark = pytest.mark.redis
 
