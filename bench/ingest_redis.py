@@ -31,7 +31,7 @@ from api.app import create_app
 from kvsi.logs import configure_logging
 from store.model import Batch, EntriesStored, WorkerKey
 from store.redis import RedisStore
-from store.redis_layout import decode_residency
+from store.redis.layout import decode_residency
 from subscriber.decode import ingest_decoder
 from subscriber.stream import GROUP_MAX
 

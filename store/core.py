@@ -1,7 +1,7 @@
 """One worker's index in process memory: the rules both the memory store and the Redis writer drive.
 
 Imports neither zmq, fastapi nor redis, nor any store backend: `store.memory` is this core
-plus reads, `store.redis_mirror` this core plus the Redis plan of each write. Its records
+plus reads, `store.redis.mirror` this core plus the Redis plan of each write. Its records
 (parts, residencies, holders) are in store/records.py.
 
 What it keeps, per worker: the reverse map (per part, entry -> the sessions holding it), each

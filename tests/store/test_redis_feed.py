@@ -21,8 +21,8 @@ from store.model import (
     WorkerStatus,
 )
 from store.redis import RedisStore
-from store.redis_feed import FeedPump
-from store.redis_layout import BUCKETS, bucket
+from store.redis.feed import FeedPump
+from store.redis.layout import BUCKETS, bucket
 from tests.store.conftest import MakeStore
 from tests.waiting import eventually
 

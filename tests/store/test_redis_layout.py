@@ -20,7 +20,7 @@ from store.model import (
     WorkerStatus,
 )
 from store.redis import RedisStore
-from store.redis_layout import (
+from store.redis.layout import (
     Progress,
     decode_progress,
     decode_residency,

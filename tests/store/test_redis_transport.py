@@ -24,10 +24,10 @@ from store.model import (
     WorkerCleared,
     WorkerKey,
 )
-from store.redis_layout import WorkerKeys, bucket, member
-from store.redis_mirror import Mirror
-from store.redis_plan import INDEX_BASE, INDEX_DEL, SREM1
-from store.redis_transport import DirectScript
+from store.redis.layout import WorkerKeys, bucket, member
+from store.redis.mirror import Mirror
+from store.redis.plan import INDEX_BASE, INDEX_DEL, SREM1
+from store.redis.transport import DirectScript
 from tests.store.conftest import MakeStore
 from tests.store.snapshots import snapshot
 

@@ -24,7 +24,7 @@ from store.model import (
     WorkerKey,
 )
 from store.redis import RedisStore
-from store.redis_mirror import VLOG_LENGTH
+from store.redis.mirror import VLOG_LENGTH
 from tests.conformance.checks import events
 from tests.redis_servers import RedisServer, require
 from tests.store.conftest import MakeStore

@@ -33,7 +33,7 @@ from store.model import (
     WorkerCleared,
     advance,
 )
-from store.redis_layout import (
+from store.redis.layout import (
     NO_PROGRESS,
     MirrorResidency,
     Progress,
@@ -43,7 +43,7 @@ from store.redis_layout import (
     encode_part,
     members,
 )
-from store.redis_plan import (
+from store.redis.plan import (
     HDEL,
     HSET,
     HSETNX,

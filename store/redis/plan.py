@@ -1,4 +1,4 @@
-"""The write program store/lua/apply.lua runs: KEYS in op order, then flat ops of plain writes.
+"""The write program lua/apply.lua runs: KEYS in op order, then flat ops of plain writes.
 
 Imports neither zmq, fastapi nor redis. The writer builds one Plan per write; the script only
 checks the fence and version, then replays the ops, so no per-block logic runs in Redis.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store.redis_layout import WorkerKeys
+from store.redis.layout import WorkerKeys
 
 Arg = str | int | float | bytes
 

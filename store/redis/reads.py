@@ -42,8 +42,8 @@ from store.paging import (
     page_hashes,
     page_sessions,
 )
-from store.redis_feed import FeedPump, stream_ends
-from store.redis_layout import (
+from store.redis.feed import FeedPump, stream_ends
+from store.redis.layout import (
     META_FENCE,
     Progress,
     WorkerKeys,
@@ -58,7 +58,7 @@ from store.redis_layout import (
     registry_key,
     retired_key,
 )
-from store.redis_plan import MAX_ARGS, Arg
+from store.redis.plan import MAX_ARGS, Arg
 
 Client = Redis | RedisCluster
 
@@ -92,15 +92,15 @@ class Located(NamedTuple):
 
     worker: WorkerKey
     raw: bytes
-    """The residency value (`store.redis_layout.decode_residency`, `decode_progress`)."""
+    """The residency value (`store.redis.layout.decode_residency`, `decode_progress`)."""
     parts: dict[bytes, bytes]
     """The worker's parts hash (pid -> `<group>|<medium>`) when the residency holds blocks
     (read with it, so both are of one moment), else empty."""
 
 
 def lua(name: str) -> str:
-    """The source of store/lua/<name>.lua."""
-    return resources.files("store").joinpath("lua", f"{name}.lua").read_text()
+    """The source of store/redis/lua/<name>.lua."""
+    return resources.files("store.redis").joinpath("lua", f"{name}.lua").read_text()
 
 
 def fence_of(meta: dict[bytes, bytes | None]) -> Fence | None:

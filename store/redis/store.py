@@ -2,9 +2,9 @@
 
 Imports neither zmq nor fastapi. Key layout, choices and their measurements: store/README.md.
 
-Writes: per worker, a Mirror (store/redis_mirror.py) turns each batch into plain writes that
-store/lua/apply.lua lands in one EVALSHA after checking the fence and the mirror's version.
-Reads (store/redis_reads.py) never use a mirror. Every Redis error propagates: the API
+Writes: per worker, a Mirror (store/redis/mirror.py) turns each batch into plain writes that
+store/redis/lua/apply.lua lands in one EVALSHA after checking the fence and the mirror's version.
+Reads (store/redis/reads.py) never use a mirror. Every Redis error propagates: the API
 answers 503, ingest buffers and retries.
 """
 
@@ -38,8 +38,8 @@ from store.model import (
     advance,
     decide,
 )
-from store.redis_instances import RedisInstances
-from store.redis_layout import (
+from store.redis.instances import RedisInstances
+from store.redis.layout import (
     DEFAULT_PREFIX,
     WorkerKeys,
     decode_part,
@@ -49,10 +49,10 @@ from store.redis_layout import (
     residency_time,
     worker_member,
 )
-from store.redis_mirror import FEED_LENGTH, Mirror, batch_id
-from store.redis_plan import MAX_ARGS, Arg, Plan
-from store.redis_reads import Client, RedisReader, Seen, fence_of, lua
-from store.redis_transport import DirectScript, use_hiredis_packing
+from store.redis.mirror import FEED_LENGTH, Mirror, batch_id
+from store.redis.plan import MAX_ARGS, Arg, Plan
+from store.redis.reads import Client, RedisReader, Seen, fence_of, lua
+from store.redis.transport import DirectScript, use_hiredis_packing
 
 SCHEMES = {
     "redis": "redis",

@@ -13,8 +13,8 @@ from typing import cast
 import msgspec
 
 from store.model import DynamoInstance
-from store.redis_layout import instances_key
-from store.redis_reads import Client
+from store.redis.layout import instances_key
+from store.redis.reads import Client
 
 _CODEC = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder(DynamoInstance)

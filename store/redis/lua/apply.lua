@@ -10,7 +10,7 @@
 -- ARGV[6]    "<seq> <epoch>" of a fence the writer saw stored, or "": a stored fence that
 --            is missing or older (store.model.fell_behind) means the store lost data, and
 --            the call returns "lost" with the stored seq, writing nothing
--- ARGV[7..]  ops, each: code, count, args... (store/redis_plan.py): an op takes the next
+-- ARGV[7..]  ops, each: code, count, args... (store/redis/plan.py): an op takes the next
 --            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R
 --            (SREM of one member per key) the next `count` keys and `count` args, one
 --            each. An XADD op (the change feed's record) runs only here, after the checks:
@@ -33,7 +33,7 @@ local CMD = {
 local ONE = {R = 'SREM'}
 local CHUNK = 4000
 
--- A member's entry-index bucket, as store.redis_layout.bucket computes it from the hash:
+-- A member's entry-index bucket, as store.redis.layout.bucket computes it from the hash:
 -- a digest's last byte, else the u64's low 7 bits. The member is the u64 as a signed
 -- decimal; 10^7 is a multiple of 128, so its last 7 digits carry its low 7 bits, and a
 -- negative one (the u64 minus 2^64, also a multiple of 128) counts down from 128.

@@ -10,7 +10,7 @@
 -- one command per worker, not two. `parts` is the worker's parts hash (HGETALL: pid,
 -- "<group>|<medium>", ...) when the residency holds blocks (it then holds a space), else
 -- empty: what names the media of its counts, without a second round. The parts hash is not
--- declared: its name is the residency hash's with `parts` for `res` (store/redis_layout.py),
+-- declared: its name is the residency hash's with `parts` for `res` (store/redis/layout.py),
 -- a key of the same worker, so of the same hash slot.
 local sid = ARGV[1]
 local out = {redis.call('ZSCORE', KEYS[1], sid) or ''}

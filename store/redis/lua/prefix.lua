@@ -8,7 +8,7 @@
 -- the first block no part holds. A worker holding none is left out: most of a fleet, so
 -- such a worker costs its parts hash and one SISMEMBER per part, nothing more.
 -- The entry-index buckets are not declared: bucket b of part p is the parts hash's name with
--- `e:<p>:<b>` for `parts` (store/redis_layout.py), a key of the same worker, so of the same
+-- `e:<p>:<b>` for `parts` (store/redis/layout.py), a key of the same worker, so of the same
 -- hash slot. Declaring them took a key per prompt bucket per part per worker: 1,300
 -- arguments for a 12-block prompt over 100 workers, most of the call's cost.
 local first, first_bucket = ARGV[1], ARGV[2]

@@ -3,7 +3,7 @@
 -- decoded in the API process stalled its requests by tens of ms every refresh.
 -- KEYS[1]  the worker's meta hash (a worker removed meanwhile has none)
 -- KEYS[2]  the worker's residency hash: values `<last_seen>[;<lost>;<block size>;...] ...`
---          (store/redis_layout.py); a value without the `;` part lost nothing
+--          (store/redis/layout.py); a value without the `;` part lost nothing
 -- Returns {exists (0 or 1), sessions hurt, lost blocks, re-prefill tokens}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {0, 0, 0, 0}
