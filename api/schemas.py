@@ -1,6 +1,6 @@
 """JSON bodies of every response: the contract routers and dashboards code against.
 
-Imports neither zmq nor subscriber/. Block hashes are always strings (`store.model.format_hash`):
+Imports neither zmq nor subscriber/. Block hashes are always strings (`store.hashtext.format_hash`):
 vLLM's u64 hashes exceed 2^53, where JavaScript numbers lose precision. Timestamps are Unix
 seconds as floats; `last_seen` is the engine's clock (the batch timestamp), the others this
 service's clock.

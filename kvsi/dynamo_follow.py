@@ -14,7 +14,8 @@ import asyncio
 import structlog
 
 from store.base import IndexReader
-from store.model import DynamoInstance, WorkerKey
+from store.model import WorkerKey
+from store.registry import DynamoInstance
 from subscriber.pool import StreamPool
 from subscriber.stream import PublisherSpec
 

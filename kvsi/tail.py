@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from kvsi.errors import StartupError
 from store.endpoints import zmq_endpoint
-from store.model import format_hash
+from store.hashtext import format_hash
 from subscriber import wire
 from subscriber.decode import wire_decoder
 from subscriber.framing import SEQ_BYTES

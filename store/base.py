@@ -15,7 +15,6 @@ from store.feed import FeedHub
 from store.model import (
     ApplyOutcome,
     Batch,
-    DynamoInstance,
     Expired,
     Fence,
     Hash,
@@ -29,6 +28,7 @@ from store.model import (
     WorkerView,
 )
 from store.paging import SessionOrder
+from store.registry import DynamoInstance
 
 
 class IndexWriter(Protocol):

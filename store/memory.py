@@ -18,7 +18,6 @@ from store.feed import FeedHub, FeedRecord, WorkerChange
 from store.model import (
     ApplyOutcome,
     Batch,
-    DynamoInstance,
     EntriesRemoved,
     EntriesStored,
     Expired,
@@ -45,6 +44,7 @@ from store.model import (
 )
 from store.paging import SessionOrder, page_hashes, page_sessions
 from store.records import Part, Residency
+from store.registry import DynamoInstance
 
 EXPIRE_CHUNK = 1_000
 """Residencies `expire_sessions` drops between two yields to the event loop."""

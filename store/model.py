@@ -321,31 +321,6 @@ def tally_losses(residencies: Iterable[tuple[int, int | None]]) -> WorkerLosses:
     return WorkerLosses(sessions_hurt=hurt, lost_blocks=lost, reprefill_tokens=tokens)
 
 
-class DynamoInstance(msgspec.Struct, frozen=True):
-    """One data-parallel rank of a Dynamo worker instance, registered through the Dynamo API,
-    and the worker (pod, dp_rank) whose index answers for it.
-
-    Not part of the index: a name for one of its workers, kept by the store so every API
-    replica maps Dynamo's instance ids the same way.
-    """
-
-    instance_id: int
-    dp_rank: int
-    pod: str
-    model_name: str
-    routing_group: str
-    block_size: int
-    endpoint: str
-    replay_endpoint: str | None = None
-    subscribe: bool = True
-    """Ingest subscribes to `endpoint` as this worker. False: the registration only names a
-    worker kvsi already subscribes to (its publisher is configured or discovered)."""
-
-    @property
-    def worker(self) -> WorkerKey:
-        return WorkerKey(self.pod, self.dp_rank)
-
-
 T = TypeVar("T")
 
 
@@ -377,13 +352,6 @@ class IndexLostError(RuntimeError):
         self.worker = worker
 
 
-def format_hash(h: Hash) -> str:
-    """JSON form of a block hash: decimal for ints, `0x` + lowercase hex for digests."""
-    if isinstance(h, bytes):
-        return "0x" + h.hex()
-    return str(h)
-
-
 U64_MASK = (1 << 64) - 1
 
 
@@ -394,25 +362,3 @@ def canonical_hash(h: Hash) -> Hash:
     two's-complement unsigned form so every release, and every backend, agrees on one value.
     """
     return h & U64_MASK if isinstance(h, int) else h
-
-
-def parse_hash(text: str) -> Hash:
-    """Inverse of `format_hash` (signed input is accepted and made canonical).
-
-    Raises ValueError naming what is wrong.
-    """
-    if text.startswith(("0x", "0X")):
-        digits = text[2:]
-        if not digits or len(digits) % 2:
-            raise ValueError(f"hex block hash {text!r} needs an even, non-zero number of digits")
-        try:
-            return bytes.fromhex(digits)
-        except ValueError:
-            raise ValueError(f"block hash {text!r} is not valid hex") from None
-    body = text[1:] if text.startswith("-") else text
-    if not body.isascii() or not body.isdigit():
-        raise ValueError(f"block hash {text!r} is neither a decimal integer nor 0x-hex")
-    value = int(text)
-    if not -(2**63) <= value < 2**64:
-        raise ValueError(f"block hash {text!r} is outside the 64-bit range vLLM publishes")
-    return value & U64_MASK

@@ -15,7 +15,13 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from store.model import EntriesRemoved, EntriesStored, StoreEvent, WorkerCleared, canonical_hash
+from store.model import (
+    EntriesRemoved,
+    EntriesStored,
+    StoreEvent,
+    WorkerCleared,
+    canonical_hash,
+)
 from subscriber import wire
 from subscriber.drops import DropReason
 

@@ -20,12 +20,7 @@ import zmq.asyncio
 from structlog.typing import FilteringBoundLogger
 from zmq.utils.monitor import recv_monitor_message
 
-from store.model import (
-    Fence,
-    WorkerKey,
-    WorkerState,
-    WorkerStatus,
-)
+from store.model import Fence, WorkerKey, WorkerState, WorkerStatus
 from subscriber import metrics
 from subscriber.applier import Applier
 from subscriber.framing import SEQ_BYTES

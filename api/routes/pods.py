@@ -13,7 +13,7 @@ from api.params import PodBlocksQuery, PodName, once_each
 from api.reader import get_reader
 from api.schemas import BlockPage, ErrorResponse, PodList, PodWorker
 from store.base import IndexReader
-from store.model import format_hash
+from store.hashtext import format_hash
 
 router = APIRouter(prefix="/v1/pods", tags=["pods"])
 

@@ -20,7 +20,8 @@ from api.reader import get_reader
 from api.routers.dynamo.headers import routing_headers
 from api.routers.llm_d.hints import Hint, HintFormat, HintOptions, route_hint
 from api.schemas import ErrorResponse, json_response
-from store.model import Hash, WorkerKey, WorkerState, parse_hash
+from store.hashtext import parse_hash
+from store.model import Hash, WorkerKey, WorkerState
 
 router = APIRouter(prefix="/v1", tags=["routing"])
 

@@ -20,7 +20,8 @@ from api.schemas import (
     json_response,
 )
 from store.base import IndexReader
-from store.model import Frontier, WorkerKey, format_hash
+from store.hashtext import format_hash
+from store.model import Frontier, WorkerKey
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

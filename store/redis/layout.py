@@ -208,7 +208,7 @@ def decode_progress(raw: bytes) -> Progress:
 
 def instances_key(prefix: str) -> str:
     """Dynamo registrations: a hash of `<instance_id>/<dp_rank>` -> msgpack
-    `store.model.DynamoInstance`; its own slot, one small key."""
+    `store.registry.DynamoInstance`; its own slot, one small key."""
     return f"{prefix}:dynamo"
 
 

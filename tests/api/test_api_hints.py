@@ -17,7 +17,14 @@ from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
 from store.base import IndexStore
 from store.memory import MemoryStore
-from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import (
+    Batch,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
 from tests.api.harness import client_for, get_json
 from tests.conformance.conftest import StoreFactory, make_store  # noqa: F401  (fixture)
 from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)

@@ -11,7 +11,8 @@ import pytest
 
 from api import create_app
 from store.memory import MemoryStore
-from store.model import Batch, DynamoInstance, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from store.registry import DynamoInstance
 from tests.api.harness import client_for
 
 LLAMA = WorkerKey("llama-0", 0)

@@ -10,7 +10,14 @@ import pytest
 import hashing
 from api import create_app
 from store.memory import MemoryStore
-from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import (
+    Batch,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
 from tests.api.harness import client_for
 
 A = WorkerKey("pod-a", 0)

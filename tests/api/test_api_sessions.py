@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
+from store.hashtext import format_hash
 from store.memory import MemoryStore
 from store.model import (
     Batch,
@@ -17,7 +18,6 @@ from store.model import (
     WorkerKey,
     WorkerState,
     WorkerStatus,
-    format_hash,
 )
 from tests.api.harness import (
     BIG,

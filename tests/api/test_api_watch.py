@@ -15,7 +15,14 @@ import uvicorn
 from api import create_app
 from store.feed import FeedHub
 from store.memory import MemoryStore
-from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from store.model import (
+    Batch,
+    EntriesRemoved,
+    EntriesStored,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 0)

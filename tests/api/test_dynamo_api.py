@@ -12,7 +12,14 @@ import pytest
 import hashing
 from api.routers.dynamo import DynamoOptions, create_dynamo_app
 from store.memory import MemoryStore
-from store.model import Batch, EntriesStored, StoreEvent, WorkerKey, WorkerState, WorkerStatus
+from store.model import (
+    Batch,
+    EntriesStored,
+    StoreEvent,
+    WorkerKey,
+    WorkerState,
+    WorkerStatus,
+)
 from tests.api.harness import client_for
 from tests.paths import FIXTURES
 

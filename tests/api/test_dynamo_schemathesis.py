@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, settings
 
 from api.routers.dynamo import create_dynamo_app
 from store.memory import MemoryStore
-from store.model import Batch, DynamoInstance, EntriesStored, WorkerKey
+from store.model import Batch, EntriesStored, WorkerKey
+from store.registry import DynamoInstance
 
 
 def _populated_store() -> MemoryStore:

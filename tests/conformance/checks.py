@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from store.base import IndexStore
+from store.hashtext import format_hash
 from store.model import (
     ApplyOutcome,
     Batch,
@@ -18,7 +19,6 @@ from store.model import (
     EntriesStored,
     WorkerCleared,
     WorkerKey,
-    format_hash,
 )
 
 

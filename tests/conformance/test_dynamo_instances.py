@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from store.base import IndexStore
-from store.model import DynamoInstance, WorkerKey
+from store.model import WorkerKey
+from store.registry import DynamoInstance
 
 
 def instance(instance_id: int, dp_rank: int = 0, pod: str = "vllm-0") -> DynamoInstance:

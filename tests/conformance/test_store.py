@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store.base import IndexStore
+from store.hashtext import format_hash
 from store.model import (
     ApplyOutcome,
     Batch,
@@ -21,7 +22,6 @@ from store.model import (
     WorkerKey,
     WorkerState,
     WorkerStatus,
-    format_hash,
 )
 from tests.conformance.checks import all_pages, apply_twice, dump, events
 from tests.conformance.conftest import StoreFactory

@@ -21,7 +21,7 @@ from api.app import create_app
 from kvsi.serve import run_index_metrics
 from simulator.fleet import SimulatedFleet
 from store.base import IndexStore
-from store.model import parse_hash
+from store.hashtext import parse_hash
 from subscriber.pool import StreamPool
 from subscriber.stream import PublisherSpec
 from tests.conformance.conftest import StoreFactory, make_store  # noqa: F401  (fixture)

@@ -11,7 +11,8 @@ import zmq.asyncio
 
 from kvsi.dynamo_follow import follow_registrations
 from store.memory import MemoryStore
-from store.model import DynamoInstance, WorkerKey
+from store.model import WorkerKey
+from store.registry import DynamoInstance
 from subscriber.pool import StreamPool
 from subscriber.stream import PublisherSpec
 from tests.subscriber.peers import Publisher, payload, stored, tcp

@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 
 from simulator.publisher import SimulatedPublisher
-from store.model import parse_hash
+from store.hashtext import parse_hash
 from subscriber import wire
 from tests.paths import WIRE
 

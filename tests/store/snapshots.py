@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from store.base import IndexStore
-from store.model import WorkerKey, format_hash
+from store.hashtext import format_hash
+from store.model import WorkerKey
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 1)

@@ -8,7 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from store.model import EntriesRemoved, EntriesStored, WorkerCleared, format_hash, parse_hash
+from store.hashtext import format_hash, parse_hash
+from store.model import EntriesRemoved, EntriesStored, WorkerCleared
 from subscriber import wire
 from subscriber.decode import ingest_decoder, wire_decoder
 from tests.paths import WIRE

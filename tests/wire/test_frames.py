@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from store.model import format_hash
+from store.hashtext import format_hash
 from subscriber import wire
 from subscriber.decode import wire_decoder
 from tests.paths import WIRE

@@ -33,14 +33,8 @@ from api.routers.dynamo.schemas import (
 )
 from api.routers.dynamo.scores import overlap_answer
 from api.schemas import json_response
-from store.model import (
-    DynamoInstance,
-    Hash,
-    WorkerKey,
-    WorkerState,
-    WorkerView,
-    canonical_hash,
-)
+from store.model import Hash, WorkerKey, WorkerState, WorkerView, canonical_hash
+from store.registry import DynamoInstance
 
 router = APIRouter(tags=["dynamo"])
 probe_router = APIRouter(tags=["dynamo"])
