@@ -3,6 +3,6 @@
 Imports neither zmq nor anything under subscriber/: the API reads the index, never writes it.
 """
 
-from api.app import create_app
+from kvsi.api.app import create_app
 
 __all__ = ["create_app"]

@@ -22,16 +22,16 @@ from prometheus_client import Counter, Histogram
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.auth import UNAUTHORIZED, TokenCheck, require_token
-from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
-from api.errors import install_error_handlers
-from api.metrics import HTTP_REQUESTS, HTTP_SECONDS
-from api.reader import guarded_reader
-from api.routers.llm_d import routes as llm_d_routes
-from api.routers.llm_d.hints import HintOptions
-from api.routes import health, metrics, pods, route, sessions, watch
-from api.routes.health import ReadinessCheck
-from store.base import IndexStore
+from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
+from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
+from kvsi.api.errors import install_error_handlers
+from kvsi.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
+from kvsi.api.reader import guarded_reader
+from kvsi.api.routers.llm_d import routes as llm_d_routes
+from kvsi.api.routers.llm_d.hints import HintOptions
+from kvsi.api.routes import health, metrics, pods, route, sessions, watch
+from kvsi.api.routes.health import ReadinessCheck
+from kvsi.store.base import IndexStore
 
 log = structlog.get_logger(__name__)
 

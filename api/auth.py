@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.schemas import ErrorResponse
+from kvsi.api.schemas import ErrorResponse
 
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "Missing or invalid bearer token."}

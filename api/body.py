@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import body_too_large
+from kvsi.api.errors import body_too_large
 
 DEFAULT_MAX_BODY_BYTES = 12 * 1024 * 1024
 """Above the largest legal request: the Dynamo API's `/query` with its 1,048,576 token

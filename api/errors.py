@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from api.params import PATTERN_RULES, RULES
+from kvsi.api.params import PATTERN_RULES, RULES
 
 _MAX_ECHO = 80
 """Echo at most this much of a bad value: enough to recognise it, not a reflected page."""

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar
 from fastapi import HTTPException, Path, Request
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from store.paging import SessionOrder
+from kvsi.store.paging import SessionOrder
 
 SESSION_ID_PATTERN = r"^[\x21-\x2E\x30-\x7E]{1,256}$"
 """Printable ASCII without whitespace or '/': a '/' (even as %2F) would split the URL path."""

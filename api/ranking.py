@@ -16,7 +16,7 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from store.model import WorkerKey
+from kvsi.store.model import WorkerKey
 
 LIVE = "live"
 

@@ -15,8 +15,8 @@ from typing import Any, cast
 import structlog
 from fastapi import HTTPException, Request
 
-from store.base import IndexReader
-from store.model import InvalidCursorError
+from kvsi.store.base import IndexReader
+from kvsi.store.model import InvalidCursorError
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from pydantic_core import to_json
 from starlette.responses import Response
 
-from store.model import WorkerState
+from kvsi.store.model import WorkerState
 
 
 def json_response(content: object) -> Response:

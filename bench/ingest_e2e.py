@@ -34,9 +34,9 @@ from peers import dynamo_llm, missing_line, peer_version
 from processes import background
 
 from kvsi.logs import configure_logging
-from simulator.fleet import pod_names
-from simulator.publisher import SimulatedPublisher
-from subscriber import wire
+from kvsi.simulator.fleet import pod_names
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.subscriber import wire
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK_SIZE = 16

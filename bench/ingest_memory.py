@@ -19,12 +19,12 @@ from types import ModuleType
 import msgspec
 from peers import dynamo_llm, missing_line, peer_version, radix_events, time_radix_tree
 
-from simulator.engine import SimulatedEngine
-from simulator.workload import AgenticWorkload
-from store.memory import MemoryStore
-from store.model import Batch, WorkerKey
-from subscriber import wire
-from subscriber.decode import ingest_decoder
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.workload import AgenticWorkload
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, WorkerKey
+from kvsi.subscriber import wire
+from kvsi.subscriber.decode import ingest_decoder
 
 ENCODER = msgspec.msgpack.Encoder()
 

@@ -27,13 +27,13 @@ import httpx
 import redis
 from ingest_memory import agentic, block_events, small_events
 
-from api.app import create_app
+from kvsi.api.app import create_app
 from kvsi.logs import configure_logging
-from store.model import Batch, EntriesStored, WorkerKey
-from store.redis import RedisStore
-from store.redis.layout import decode_residency
-from subscriber.decode import ingest_decoder
-from subscriber.stream import GROUP_MAX
+from kvsi.store.model import Batch, EntriesStored, WorkerKey
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.layout import decode_residency
+from kvsi.subscriber.decode import ingest_decoder
+from kvsi.subscriber.stream import GROUP_MAX
 
 INTSET_ENTRIES = 512
 """The server's `set-max-intset-entries`: Redis' default, which the small workload's session

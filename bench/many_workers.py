@@ -26,7 +26,7 @@ from typing import IO, Any
 import httpx
 
 from kvsi.logs import configure_logging
-from simulator.fleet import SimulatedFleet
+from kvsi.simulator.fleet import SimulatedFleet
 
 REPO = Path(__file__).resolve().parent.parent
 SERVING = re.compile(r"serving on (http://\S+)")

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from subscriber import wire
+from kvsi.subscriber import wire
 
 PEER_PACKAGE = "ai-dynamo-runtime"
 WORKER_ID = 1

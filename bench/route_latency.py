@@ -35,10 +35,10 @@ from ingest_redis import redis_server
 from processes import REPO, background
 
 from kvsi.logs import configure_logging
-from simulator.fleet import FILES_PER_WORKER, SOCKETS_PER_WORKER
-from simulator.publisher import SimulatedPublisher
-from subscriber.sockets import FILES_KEPT, sized_context
-from subscriber.wire import BlockRemoved, BlockStored, KVCacheEvent
+from kvsi.simulator.fleet import FILES_PER_WORKER, SOCKETS_PER_WORKER
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.subscriber.sockets import FILES_KEPT, sized_context
+from kvsi.subscriber.wire import BlockRemoved, BlockStored, KVCacheEvent
 
 BLOCKS_PER_SESSION = 10
 """1,000,000 entries over 100,000 sessions; a session's blocks are a chain on one worker."""

@@ -24,10 +24,10 @@ from ingest_redis import redis_server, store_at
 
 from kvsi.janitor import sweep
 from kvsi.logs import configure_logging
-from store.base import IndexStore
-from store.memory import MemoryStore
-from store.model import Batch, EntriesRemoved, EntriesStored, StoreEvent, WorkerKey
-from store.redis import RedisStore
+from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, StoreEvent, WorkerKey
+from kvsi.store.redis import RedisStore
 
 LONG_GAP = 1800.0
 """A returning turn comes back 1-2 times this late: after the default idle horizon, so its

@@ -21,11 +21,11 @@ import zmq
 import zmq.asyncio
 from ingest_memory import agentic, small_events
 
-from store.memory import MemoryStore
-from store.model import WorkerKey
-from subscriber import wire
-from subscriber.gate import StoreGate
-from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import WorkerKey
+from kvsi.subscriber import wire
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
 
 TOPIC = b"kv@bench@model"
 DECODER = msgspec.msgpack.Decoder(wire.KVEventBatch)

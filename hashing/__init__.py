@@ -4,7 +4,7 @@ Imports the standard library only (xxhash when an xxhash algorithm is chosen); n
 redis or store: the subscriber, the API and the simulator can all use it.
 """
 
-from hashing.algorithms import (
+from kvsi.hashing.algorithms import (
     ALGORITHMS,
     DEFAULT_ALGORITHM,
     DEFAULT_NONE_HASH_SEED,
@@ -12,9 +12,9 @@ from hashing.algorithms import (
     get_algorithm,
     none_hash,
 )
-from hashing.blocks import BlockHasher, HashedBlock, block_hashes, event_hash_int
-from hashing.extra_keys import MMFeature, RequestKeys
-from hashing.serialize import HashValue, cbor_dumps, pickle_dumps
+from kvsi.hashing.blocks import BlockHasher, HashedBlock, block_hashes, event_hash_int
+from kvsi.hashing.extra_keys import MMFeature, RequestKeys
+from kvsi.hashing.serialize import HashValue, cbor_dumps, pickle_dumps
 
 __all__ = [
     "ALGORITHMS",

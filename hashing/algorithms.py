@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hashing.serialize import HashValue, cbor_dumps, pickle_dumps
+from kvsi.hashing.serialize import HashValue, cbor_dumps, pickle_dumps
 
 DEFAULT_ALGORITHM = "sha256"
 """vLLM's default (`CacheConfig.prefix_caching_hash_algo`)."""

@@ -9,9 +9,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
-from hashing.algorithms import DEFAULT_ALGORITHM, get_algorithm, none_hash
-from hashing.extra_keys import MMFeature, RequestKeys
-from hashing.serialize import HashValue
+from kvsi.hashing.algorithms import DEFAULT_ALGORITHM, get_algorithm, none_hash
+from kvsi.hashing.extra_keys import MMFeature, RequestKeys
+from kvsi.hashing.serialize import HashValue
 
 _NO_KEYS = RequestKeys()
 

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hashing.serialize import HashValue
+from kvsi.hashing.serialize import HashValue
 
 _MM_TAG = "mm"
 """One str object for every multimodal entry, as in vLLM: with pickle's memo by identity, the

@@ -242,8 +242,8 @@ def simulate(
     """Publish vLLM 0.33 KV events from simulated pods (no GPU needed)."""
     with startup_errors():
         configure_logging("info", "console")
-        from simulator.fleet import FleetBindError
-        from simulator.fleet import simulate as run_fleet
+        from kvsi.simulator.fleet import FleetBindError
+        from kvsi.simulator.fleet import simulate as run_fleet
 
         if base_port and base_port + 2 * pods - 1 > 65535:
             raise StartupError(

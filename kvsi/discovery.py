@@ -20,10 +20,10 @@ import structlog
 from kvsi import metrics
 from kvsi.errors import StartupError
 from kvsi.settings import DiscoveryConfig
-from store.model import WorkerKey, WorkerState, WorkerStatus
-from subscriber import metrics as ingest_metrics
-from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
+from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
+from kvsi.subscriber import metrics as ingest_metrics
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

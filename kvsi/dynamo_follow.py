@@ -13,11 +13,11 @@ import asyncio
 
 import structlog
 
-from store.base import IndexReader
-from store.model import WorkerKey
-from store.registry import DynamoInstance
-from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
+from kvsi.store.base import IndexReader
+from kvsi.store.model import WorkerKey
+from kvsi.store.registry import DynamoInstance
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 
 log = structlog.get_logger(__name__)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import structlog
 
 from kvsi.metrics import RESIDENCIES_EXPIRED, SESSIONS_EXPIRED
-from store.base import IndexStore
-from store.model import Expired, WorkerKey, WorkerState
+from kvsi.store.base import IndexStore
+from kvsi.store.model import Expired, WorkerKey, WorkerState
 
 log = structlog.get_logger(__name__)
 

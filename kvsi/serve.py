@@ -15,19 +15,19 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from api.app import create_app, create_probe_app, stop_streams
-from api.routers.dynamo import DynamoOptions, create_dynamo_app
-from api.routers.llm_d.hints import HintOptions
 from kvsi import metrics
+from kvsi.api.app import create_app, create_probe_app, stop_streams
+from kvsi.api.routers.dynamo import DynamoOptions, create_dynamo_app
+from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.dynamo_follow import follow_registrations
 from kvsi.errors import StartupError
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
-from store.base import IndexReader, IndexStore
-from store.model import WorkerKey
-from store.select import StoreURLError, masked, open_store
-from subscriber.pool import StreamPool
-from subscriber.stream import IngestOptions, PublisherSpec
+from kvsi.store.base import IndexReader, IndexStore
+from kvsi.store.model import WorkerKey
+from kvsi.store.select import StoreURLError, masked, open_store
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec
 
 log = structlog.get_logger(__name__)
 
@@ -90,7 +90,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     fleet = None
     if settings.demo:
         # Only the demo needs the simulator.
-        from simulator.fleet import FleetBindError, SimulatedFleet
+        from kvsi.simulator.fleet import FleetBindError, SimulatedFleet
 
         fleet = SimulatedFleet(
             pods=settings.demo_pods,

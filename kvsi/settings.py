@@ -31,7 +31,7 @@ from pydantic_settings import (
 )
 
 from kvsi.errors import StartupError, describe_settings_error, describe_validation
-from store.endpoints import zmq_endpoint
+from kvsi.store.endpoints import zmq_endpoint
 
 POD_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 """A Kubernetes object name (RFC 1123 subdomain), as the API accepts pods."""

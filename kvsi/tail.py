@@ -13,11 +13,11 @@ import zmq
 import zmq.asyncio
 
 from kvsi.errors import StartupError
-from store.endpoints import zmq_endpoint
-from store.hashtext import format_hash
-from subscriber import wire
-from subscriber.decode import wire_decoder
-from subscriber.framing import SEQ_BYTES
+from kvsi.store.endpoints import zmq_endpoint
+from kvsi.store.hashtext import format_hash
+from kvsi.subscriber import wire
+from kvsi.subscriber.decode import wire_decoder
+from kvsi.subscriber.framing import SEQ_BYTES
 
 
 def describe(event: wire.KVCacheEvent) -> str:

@@ -3,10 +3,10 @@
 Imports nothing from store/, api/ or kvsi/ (only subscriber.wire, the shared wire types).
 """
 
-from simulator.engine import SimulatedEngine
-from simulator.fleet import FleetStats, SimulatedFleet, WorkerEndpoints, pod_names, simulate
-from simulator.publisher import SimulatedPublisher
-from simulator.workload import AgenticWorkload, Request
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.fleet import FleetStats, SimulatedFleet, WorkerEndpoints, pod_names, simulate
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.simulator.workload import AgenticWorkload, Request
 
 __all__ = [
     "AgenticWorkload",

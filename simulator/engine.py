@@ -10,8 +10,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from hashing import BlockHasher, event_hash_int
-from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvsi.hashing import BlockHasher, event_hash_int
+from kvsi.subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 GROUP_IDX = 0
 """The one KV cache group of a model with a single kind of attention."""

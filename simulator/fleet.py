@@ -20,11 +20,11 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from simulator.engine import SimulatedEngine
-from simulator.publisher import DEFAULT_BUFFER_STEPS, SimulatedPublisher
-from simulator.workload import AgenticWorkload, Request
-from subscriber.sockets import FILES_KEPT, sized_context
-from subscriber.wire import KVCacheEvent
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.publisher import DEFAULT_BUFFER_STEPS, SimulatedPublisher
+from kvsi.simulator.workload import AgenticWorkload, Request
+from kvsi.subscriber.sockets import FILES_KEPT, sized_context
+from kvsi.subscriber.wire import KVCacheEvent
 
 log = structlog.stdlib.get_logger(__name__)
 

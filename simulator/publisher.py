@@ -18,7 +18,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from subscriber.wire import END_SEQ, KVCacheEvent, KVEventBatch
+from kvsi.subscriber.wire import END_SEQ, KVCacheEvent, KVEventBatch
 
 log = structlog.stdlib.get_logger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from store.feed import FeedHub
-from store.model import (
+from kvsi.store.feed import FeedHub
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     Expired,
@@ -27,8 +27,8 @@ from store.model import (
     WorkerStatus,
     WorkerView,
 )
-from store.paging import SessionOrder
-from store.registry import DynamoInstance
+from kvsi.store.paging import SessionOrder
+from kvsi.store.registry import DynamoInstance
 
 
 class IndexWriter(Protocol):

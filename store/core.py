@@ -22,8 +22,8 @@ from functools import partial
 from operator import is_not
 from typing import Final, Generic, TypeVar
 
-from store.feed import ResidencyRow
-from store.model import (
+from kvsi.store.feed import ResidencyRow
+from kvsi.store.model import (
     DEFAULT_MEDIUM,
     EntriesStored,
     Fence,
@@ -33,7 +33,7 @@ from store.model import (
     next_position,
     release,
 )
-from store.records import ABSENT, Holders, Part, Removed, Residency
+from kvsi.store.records import ABSENT, Holders, Part, Removed, Residency
 
 _SET_HOLDS: Final[Callable[[Holders | bool, Residency], bool]] = set.__contains__  # type: ignore[assignment]
 """`set.__contains__` as a function of any holder: TypeError unless it is a set."""

@@ -6,7 +6,7 @@ precision above 2**53).
 
 from __future__ import annotations
 
-from store.model import U64_MASK, Hash
+from kvsi.store.model import U64_MASK, Hash
 
 
 def format_hash(h: Hash) -> str:

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
-from store.core import WorkerIndex
-from store.feed import FeedHub, FeedRecord, WorkerChange
-from store.model import (
+from kvsi.store.core import WorkerIndex
+from kvsi.store.feed import FeedHub, FeedRecord, WorkerChange
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     EntriesRemoved,
@@ -42,9 +42,9 @@ from store.model import (
     reprefill_tokens,
     tally_losses,
 )
-from store.paging import SessionOrder, page_hashes, page_sessions
-from store.records import Part, Residency
-from store.registry import DynamoInstance
+from kvsi.store.paging import SessionOrder, page_hashes, page_sessions
+from kvsi.store.records import Part, Residency
+from kvsi.store.registry import DynamoInstance
 
 EXPIRE_CHUNK = 1_000
 """Residencies `expire_sessions` drops between two yields to the event loop."""

@@ -11,8 +11,8 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
-from store.hashtext import format_hash, parse_hash
-from store.model import Hash, InvalidCursorError, Page, SessionSummary
+from kvsi.store.hashtext import format_hash, parse_hash
+from kvsi.store.model import Hash, InvalidCursorError, Page, SessionSummary
 
 HashKey = tuple[int, int | bytes]
 

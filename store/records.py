@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Final
 
-from store.model import Hash
+from kvsi.store.model import Hash
 
 
 class Part:

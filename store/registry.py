@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from store.model import WorkerKey
+from kvsi.store.model import WorkerKey
 
 
 class DynamoInstance(msgspec.Struct, frozen=True):

@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from store.base import IndexStore
+from kvsi.store.base import IndexStore
 
 
 def _memory(url: str) -> IndexStore:
-    from store.memory import MemoryStore
+    from kvsi.store.memory import MemoryStore
 
     return MemoryStore()
 
 
 def _redis(url: str) -> IndexStore:
-    from store.redis import RedisStore
+    from kvsi.store.redis import RedisStore
 
     return RedisStore.from_url(url)
 

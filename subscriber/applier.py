@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from store.model import (
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     EntriesRemoved,
@@ -25,13 +25,13 @@ from store.model import (
     WorkerCleared,
     WorkerKey,
 )
-from subscriber import metrics
-from subscriber.decode import Decoded, ingest_decoder
-from subscriber.drops import DropReason
-from subscriber.framing import parse_live
-from subscriber.gate import StoreGate
-from subscriber.health import WorkerHealth
-from subscriber.order import (
+from kvsi.subscriber import metrics
+from kvsi.subscriber.decode import Decoded, ingest_decoder
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.framing import parse_live
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.health import WorkerHealth
+from kvsi.subscriber.order import (
     LOST_INDEX,
     Apply,
     Decision,
@@ -43,8 +43,8 @@ from subscriber.order import (
     Skip,
     StreamOrder,
 )
-from subscriber.replay import ReplayClient, ReplayFailedError, ReplayReport
-from subscriber.sockets import ResourceError
+from kvsi.subscriber.replay import ReplayClient, ReplayFailedError, ReplayReport
+from kvsi.subscriber.sockets import ResourceError
 
 log = structlog.get_logger(__name__)
 

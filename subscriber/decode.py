@@ -15,15 +15,15 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from store.model import (
+from kvsi.store.model import (
     EntriesRemoved,
     EntriesStored,
     StoreEvent,
     WorkerCleared,
     canonical_hash,
 )
-from subscriber import wire
-from subscriber.drops import DropReason
+from kvsi.subscriber import wire
+from kvsi.subscriber.drops import DropReason
 
 E = TypeVar("E")
 

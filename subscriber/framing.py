@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import enum
 
-from subscriber.drops import DropReason
-from subscriber.wire import END_SEQ
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.wire import END_SEQ
 
 SEQ_BYTES = 8
 """A seq frame: u64 big-endian."""

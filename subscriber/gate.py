@@ -19,9 +19,9 @@ from typing import TypeVar
 
 import structlog
 
-from store.base import IndexStore
-from store.model import ApplyOutcome, Batch, Fence, IndexLostError, WorkerKey, WorkerStatus
-from subscriber import metrics
+from kvsi.store.base import IndexStore
+from kvsi.store.model import ApplyOutcome, Batch, Fence, IndexLostError, WorkerKey, WorkerStatus
+from kvsi.subscriber import metrics
 
 log = structlog.get_logger(__name__)
 

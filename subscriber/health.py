@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from store.model import WorkerState, WorkerStatus
+from kvsi.store.model import WorkerState, WorkerStatus
 
 
 class WorkerHealth:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from store.model import ApplyOutcome, Fence, advance, decide, fell_behind
+from kvsi.store.model import ApplyOutcome, Fence, advance, decide, fell_behind
 
 LOST_INDEX = "the index store lost this worker's index"
 """How a worker's state detail starts while (or after) rebuilding from replay."""

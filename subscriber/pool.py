@@ -12,10 +12,10 @@ import asyncio
 import structlog
 import zmq.asyncio
 
-from store.base import IndexStore
-from subscriber.gate import StoreGate
-from subscriber.sockets import StreamRoom, ingest_needs, room_for, sized_context
-from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+from kvsi.store.base import IndexStore
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.sockets import StreamRoom, ingest_needs, room_for, sized_context
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
 
 log = structlog.get_logger(__name__)
 

@@ -15,10 +15,10 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from subscriber import metrics
-from subscriber.drops import DropReason
-from subscriber.framing import ReplayEnd, parse_reply, replay_request
-from subscriber.sockets import socket_failure
+from kvsi.subscriber import metrics
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.framing import ReplayEnd, parse_reply, replay_request
+from kvsi.subscriber.sockets import socket_failure
 
 log = structlog.get_logger(__name__)
 

@@ -20,16 +20,16 @@ import zmq.asyncio
 from structlog.typing import FilteringBoundLogger
 from zmq.utils.monitor import recv_monitor_message
 
-from store.model import Fence, WorkerKey, WorkerState, WorkerStatus
-from subscriber import metrics
-from subscriber.applier import Applier
-from subscriber.framing import SEQ_BYTES
-from subscriber.gate import StoreGate
-from subscriber.health import WorkerHealth
-from subscriber.inbox import Inbox
-from subscriber.replay import ReplayClient
-from subscriber.sockets import ResourceError, StreamRoom, open_live
-from subscriber.topic import model_of_topic
+from kvsi.store.model import Fence, WorkerKey, WorkerState, WorkerStatus
+from kvsi.subscriber import metrics
+from kvsi.subscriber.applier import Applier
+from kvsi.subscriber.framing import SEQ_BYTES
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.health import WorkerHealth
+from kvsi.subscriber.inbox import Inbox
+from kvsi.subscriber.replay import ReplayClient
+from kvsi.subscriber.sockets import ResourceError, StreamRoom, open_live
+from kvsi.subscriber.topic import model_of_topic
 
 GROUP_MAX = 16
 """Most live batches of a backlog stored in one call (a Redis script runs them in one go,

@@ -12,18 +12,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+WIRING = ("kvsi.cli", "kvsi.serve", "kvsi.settings", "kvsi.discovery", "kvsi.janitor")
 FORBIDDEN = {
-    "store": ("zmq", "fastapi", "starlette", "uvicorn", "subscriber", "api", "kvsi"),
-    "subscriber": ("fastapi", "starlette", "uvicorn", "api", "kvsi"),
-    "api": ("zmq", "subscriber", "kvsi"),
-    "hashing": ("zmq", "fastapi", "store", "subscriber", "api", "kvsi"),
+    "store": ("zmq", "fastapi", "starlette", "uvicorn", "kvsi.subscriber", "kvsi.api", *WIRING),
+    "subscriber": ("fastapi", "starlette", "uvicorn", "kvsi.api", *WIRING),
+    "api": ("zmq", "kvsi.subscriber", *WIRING),
+    "hashing": ("zmq", "fastapi", "kvsi.store", "kvsi.subscriber", "kvsi.api", *WIRING),
 }
-"""Top-level import names each layer must not load, directly or through another module."""
+"""Modules each layer must not load, directly or through another module (a name and
+everything below it)."""
+
+BARE = ("api", "store", "subscriber", "simulator", "hashing")
+"""The folders' own names: the package ships them as kvsi.*, so nothing may import them bare
+(two module objects for one file)."""
 
 
 def modules_of(package: str) -> list[str]:
     return sorted(
-        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        "kvsi." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for path in (ROOT / package).rglob("*.py")
     )
 
@@ -35,7 +41,8 @@ def test_a_layer_loads_nothing_above_it(package: str) -> None:
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN[package]!r})\n"
+        f"bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + '.') "
+        f"for f in {(*FORBIDDEN[package], *BARE)!r}))\n"
         "print('\\n'.join(bad))\n"
     )
     result = subprocess.run(
@@ -44,3 +51,15 @@ def test_a_layer_loads_nothing_above_it(package: str) -> None:
     assert result.returncode == 0, result.stderr
     assert len(modules) > 1, "the layer's modules were not found"
     assert result.stdout.strip() == "", f"{package} loads {result.stdout.split()}"
+
+
+def test_the_service_imports_only_the_kvsi_name() -> None:
+    probe = (
+        "import sys, kvsi.cli, kvsi.serve, kvsi.discovery, kvsi.tail, kvsi.simulator.fleet\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {BARE!r}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

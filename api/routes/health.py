@@ -13,7 +13,7 @@ import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from api.schemas import Health, Readiness
+from kvsi.api.schemas import Health, Readiness
 
 log = structlog.get_logger(__name__)
 

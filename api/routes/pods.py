@@ -9,11 +9,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from api.params import PodBlocksQuery, PodName, once_each
-from api.reader import get_reader
-from api.schemas import BlockPage, ErrorResponse, PodList, PodWorker
-from store.base import IndexReader
-from store.hashtext import format_hash
+from kvsi.api.params import PodBlocksQuery, PodName, once_each
+from kvsi.api.reader import get_reader
+from kvsi.api.schemas import BlockPage, ErrorResponse, PodList, PodWorker
+from kvsi.store.base import IndexReader
+from kvsi.store.hashtext import format_hash
 
 router = APIRouter(prefix="/v1/pods", tags=["pods"])
 

@@ -13,15 +13,15 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field, Strict, field_validator, model_validator
 
-import hashing
-from api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN, BodyModel
-from api.ranking import Evidence, Weights, rank
-from api.reader import get_reader
-from api.routers.dynamo.headers import routing_headers
-from api.routers.llm_d.hints import Hint, HintFormat, HintOptions, route_hint
-from api.schemas import ErrorResponse, json_response
-from store.hashtext import parse_hash
-from store.model import Hash, WorkerKey, WorkerState
+from kvsi import hashing
+from kvsi.api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN, BodyModel
+from kvsi.api.ranking import Evidence, Weights, rank
+from kvsi.api.reader import get_reader
+from kvsi.api.routers.dynamo.headers import routing_headers
+from kvsi.api.routers.llm_d.hints import Hint, HintFormat, HintOptions, route_hint
+from kvsi.api.schemas import ErrorResponse, json_response
+from kvsi.store.hashtext import parse_hash
+from kvsi.store.model import Hash, WorkerKey, WorkerState
 
 router = APIRouter(prefix="/v1", tags=["routing"])
 

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from api.params import SessionBlocksQuery, SessionId, SessionListQuery, once_each
-from api.reader import get_reader
-from api.schemas import (
+from kvsi.api.params import SessionBlocksQuery, SessionId, SessionListQuery, once_each
+from kvsi.api.reader import get_reader
+from kvsi.api.schemas import (
     BlockPage,
     ErrorResponse,
     SessionList,
@@ -19,9 +19,9 @@ from api.schemas import (
     SessionSummary,
     json_response,
 )
-from store.base import IndexReader
-from store.hashtext import format_hash
-from store.model import Frontier, WorkerKey
+from kvsi.store.base import IndexReader
+from kvsi.store.hashtext import format_hash
+from kvsi.store.model import Frontier, WorkerKey
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

@@ -16,11 +16,11 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from api.params import POD_PATTERN, SESSION_ID_PATTERN, QueryParams
-from api.reader import get_reader
-from api.schemas import ErrorResponse
-from store.base import IndexReader
-from store.feed import FeedHub, HistoryGone, Overflow, Subscription
+from kvsi.api.params import POD_PATTERN, SESSION_ID_PATTERN, QueryParams
+from kvsi.api.reader import get_reader
+from kvsi.api.schemas import ErrorResponse
+from kvsi.store.base import IndexReader
+from kvsi.store.feed import FeedHub, HistoryGone, Overflow, Subscription
 
 router = APIRouter(prefix="/v1", tags=["watch"])
 

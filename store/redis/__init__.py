@@ -3,6 +3,6 @@
 Imports neither zmq nor fastapi; redis-py only here, so the memory store never loads it.
 """
 
-from store.redis.store import RedisStore
+from kvsi.store.redis.store import RedisStore
 
 __all__ = ["RedisStore"]

@@ -21,8 +21,8 @@ import msgspec
 import structlog
 from redis.asyncio import Redis, RedisCluster
 
-from store.feed import FeedHub, FeedRecord
-from store.model import WorkerKey
+from kvsi.store.feed import FeedHub, FeedRecord
+from kvsi.store.model import WorkerKey
 
 log = structlog.get_logger(__name__)
 

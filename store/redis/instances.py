@@ -12,9 +12,9 @@ from typing import cast
 
 import msgspec
 
-from store.redis.layout import instances_key
-from store.redis.reads import Client
-from store.registry import DynamoInstance
+from kvsi.store.redis.layout import instances_key
+from kvsi.store.redis.reads import Client
+from kvsi.store.registry import DynamoInstance
 
 _CODEC = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder(DynamoInstance)

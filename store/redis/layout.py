@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from store.model import U64_MASK, Hash, WorkerKey
-from store.records import Part, Residency
+from kvsi.store.model import U64_MASK, Hash, WorkerKey
+from kvsi.store.records import Part, Residency
 
 DEFAULT_PREFIX = "kvsi"
 

@@ -21,9 +21,9 @@ from functools import partial
 
 import msgspec
 
-from store.core import WorkerIndex
-from store.feed import FeedRecord
-from store.model import (
+from kvsi.store.core import WorkerIndex
+from kvsi.store.feed import FeedRecord
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     EntriesRemoved,
@@ -33,7 +33,7 @@ from store.model import (
     WorkerCleared,
     advance,
 )
-from store.redis.layout import (
+from kvsi.store.redis.layout import (
     NO_PROGRESS,
     MirrorResidency,
     Progress,
@@ -43,7 +43,7 @@ from store.redis.layout import (
     encode_part,
     members,
 )
-from store.redis.plan import (
+from kvsi.store.redis.plan import (
     HDEL,
     HSET,
     HSETNX,

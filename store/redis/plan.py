@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store.redis.layout import WorkerKeys
+from kvsi.store.redis.layout import WorkerKeys
 
 Arg = str | int | float | bytes
 

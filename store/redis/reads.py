@@ -19,8 +19,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from store.feed import FeedHub
-from store.model import (
+from kvsi.store.feed import FeedHub
+from kvsi.store.model import (
     Fence,
     Frontier,
     Hash,
@@ -35,15 +35,15 @@ from store.model import (
     WorkerView,
     reprefill_tokens,
 )
-from store.paging import (
+from kvsi.store.paging import (
     SessionOrder,
     decode_session_cursor,
     encode_session_cursor,
     page_hashes,
     page_sessions,
 )
-from store.redis.feed import FeedPump, stream_ends
-from store.redis.layout import (
+from kvsi.store.redis.feed import FeedPump, stream_ends
+from kvsi.store.redis.layout import (
     META_FENCE,
     Progress,
     WorkerKeys,
@@ -58,7 +58,7 @@ from store.redis.layout import (
     registry_key,
     retired_key,
 )
-from store.redis.plan import MAX_ARGS, Arg
+from kvsi.store.redis.plan import MAX_ARGS, Arg
 
 Client = Redis | RedisCluster
 
@@ -100,7 +100,7 @@ class Located(NamedTuple):
 
 def lua(name: str) -> str:
     """The source of store/redis/lua/<name>.lua."""
-    return resources.files("store.redis").joinpath("lua", f"{name}.lua").read_text()
+    return resources.files("kvsi.store.redis").joinpath("lua", f"{name}.lua").read_text()
 
 
 def fence_of(meta: dict[bytes, bytes | None]) -> Fence | None:

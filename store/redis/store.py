@@ -26,8 +26,8 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError
 
-from store.feed import FeedRecord, WorkerChange
-from store.model import (
+from kvsi.store.feed import FeedRecord, WorkerChange
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     Expired,
@@ -38,8 +38,8 @@ from store.model import (
     advance,
     decide,
 )
-from store.redis.instances import RedisInstances
-from store.redis.layout import (
+from kvsi.store.redis.instances import RedisInstances
+from kvsi.store.redis.layout import (
     DEFAULT_PREFIX,
     WorkerKeys,
     decode_part,
@@ -49,10 +49,10 @@ from store.redis.layout import (
     residency_time,
     worker_member,
 )
-from store.redis.mirror import FEED_LENGTH, Mirror, batch_id
-from store.redis.plan import MAX_ARGS, Arg, Plan
-from store.redis.reads import Client, RedisReader, Seen, fence_of, lua
-from store.redis.transport import DirectScript, use_hiredis_packing
+from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
+from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
+from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua
+from kvsi.store.redis.transport import DirectScript, use_hiredis_packing
 
 SCHEMES = {
     "redis": "redis",

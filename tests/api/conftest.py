@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from store.memory import MemoryStore
+from kvsi.store.memory import MemoryStore
 from tests.api.harness import Feed, client_over
 
 

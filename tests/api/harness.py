@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from api import create_app
-from store.base import IndexStore
-from store.memory import MemoryStore
-from store.model import Batch, StoreEvent, WorkerKey
+from kvsi.api import create_app
+from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, StoreEvent, WorkerKey
 
 BIG = [2**64 - 1 - 7 * i for i in range(250)]
 """Integer hashes above 2^63: exact only as strings."""

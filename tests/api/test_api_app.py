@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from api import create_app
-from store.memory import MemoryStore
+from kvsi.api import create_app
+from kvsi.store.memory import MemoryStore
 from tests.api.harness import get_json
 
 ROUTES = {
@@ -86,8 +86,9 @@ async def test_the_store_is_on_app_state() -> None:
 def test_importing_the_api_loads_neither_zmq_nor_the_subscriber() -> None:
     root = Path(__file__).resolve().parents[2]
     probe = (
-        "import sys, api, api.app, api.routes.sessions, api.routes.pods, api.routes.health\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('zmq', 'subscriber'))\n"
+        "import sys, kvsi.api.app, kvsi.api.routes.sessions, kvsi.api.routes.health\n"
+        "bad = sorted(m for m in sys.modules\n"
+        "             if m.split('.')[0] == 'zmq' or m.startswith('kvsi.subscriber'))\n"
         "assert not bad, bad\n"
         "assert 'fastapi' in sys.modules\n"
     )

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from api import create_app
+from kvsi.api import create_app
 from kvsi.settings import bearer_tokens, load_settings
-from store.memory import MemoryStore
+from kvsi.store.memory import MemoryStore
 from tests.api.harness import client_for
 
 V1 = ["/v1/pods", "/v1/sessions", "/v1/sessions/s1", "/v1/pods/pod-a/blocks"]

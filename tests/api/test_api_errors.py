@@ -6,8 +6,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesStored,
     Hash,
@@ -18,7 +18,7 @@ from store.model import (
     WorkerState,
     WorkerView,
 )
-from store.paging import SessionOrder
+from kvsi.store.paging import SessionOrder
 from tests.api.harness import client_over, get_json
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from api import create_app
-from store.memory import MemoryStore
+from kvsi.api import create_app
+from kvsi.store.memory import MemoryStore
 from tests.api.harness import client_for, get_json
 
 

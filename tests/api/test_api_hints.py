@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from api import create_app
-from api.routers.llm_d.hints import HintOptions
+from kvsi.api import create_app
+from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
-from store.base import IndexStore
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from store.model import EntriesRemoved, EntriesStored, WorkerCleared, WorkerKey
+from kvsi.store.model import EntriesRemoved, EntriesStored, WorkerCleared, WorkerKey
 from tests.api.harness import DIGESTS, Feed, get_json
 
 A = WorkerKey("vllm-0", 0)

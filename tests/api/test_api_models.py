@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from api import create_app
-from store.memory import MemoryStore
-from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
-from store.registry import DynamoInstance
+from kvsi.api import create_app
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.registry import DynamoInstance
 from tests.api.harness import client_for
 
 LLAMA = WorkerKey("llama-0", 0)

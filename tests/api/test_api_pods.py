@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from store.memory import MemoryStore
-from store.model import EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import EntriesRemoved, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import BIG, DIGESTS, Feed, collect_pages, get_json
 
 A0 = WorkerKey("vllm-0", 0)

@@ -13,14 +13,14 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message
 
-from api import create_app
-from api.body import DEFAULT_MAX_BODY_BYTES
-from api.routers.dynamo import create_dynamo_app
-from api.routers.dynamo.schemas import MAX_TOKENS as DYNAMO_MAX_TOKENS
-from api.routes.route import MAX_CANDIDATES
-from api.routes.route import MAX_TOKENS as ROUTE_MAX_TOKENS
+from kvsi.api import create_app
+from kvsi.api.body import DEFAULT_MAX_BODY_BYTES
+from kvsi.api.routers.dynamo import create_dynamo_app
+from kvsi.api.routers.dynamo.schemas import MAX_TOKENS as DYNAMO_MAX_TOKENS
+from kvsi.api.routes.route import MAX_CANDIDATES
+from kvsi.api.routes.route import MAX_TOKENS as ROUTE_MAX_TOKENS
 from kvsi.settings import Settings
-from store.memory import MemoryStore
+from kvsi.store.memory import MemoryStore
 from tests.api.harness import client_for
 
 NOT_OURS = [

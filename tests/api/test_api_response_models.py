@@ -10,11 +10,11 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from api import create_app
-from api.routes.route import RouteResponse
-from api.schemas import SessionResponse
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.api import create_app
+from kvsi.api.routes.route import RouteResponse
+from kvsi.api.schemas import SessionResponse
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

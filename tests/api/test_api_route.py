@@ -7,10 +7,10 @@ from typing import Any
 import httpx
 import pytest
 
-import hashing
-from api import create_app
-from store.memory import MemoryStore
-from store.model import (
+from kvsi import hashing
+from kvsi.api import create_app
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

@@ -7,9 +7,9 @@ import asyncio
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from api import create_app
-from store.memory import MemoryStore
-from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey
+from kvsi.api import create_app
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey
 
 
 def _populated_store() -> MemoryStore:

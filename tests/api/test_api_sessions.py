@@ -8,9 +8,9 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from store.hashtext import format_hash
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.hashtext import format_hash
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

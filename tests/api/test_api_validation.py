@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from store.model import EntriesStored, WorkerKey
+from kvsi.store.model import EntriesStored, WorkerKey
 from tests.api.harness import Feed, get_json
 
 CASES = [

@@ -12,10 +12,10 @@ import httpx
 import pytest
 import uvicorn
 
-from api import create_app
-from store.feed import FeedHub
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.api import create_app
+from kvsi.store.feed import FeedHub
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-import hashing
-from api.routers.dynamo import DynamoOptions, create_dynamo_app
-from store.memory import MemoryStore
-from store.model import (
+from kvsi import hashing
+from kvsi.api.routers.dynamo import DynamoOptions, create_dynamo_app
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesStored,
     StoreEvent,

@@ -7,10 +7,10 @@ import asyncio
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from api.routers.dynamo import create_dynamo_app
-from store.memory import MemoryStore
-from store.model import Batch, EntriesStored, WorkerKey
-from store.registry import DynamoInstance
+from kvsi.api.routers.dynamo import create_dynamo_app
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, EntriesStored, WorkerKey
+from kvsi.store.registry import DynamoInstance
 
 
 def _populated_store() -> MemoryStore:

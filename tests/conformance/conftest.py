@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from store.base import IndexStore
-from store.memory import MemoryStore
-from store.select import open_store
+from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
+from kvsi.store.select import open_store
 from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)
 
 StoreFactory = Callable[[], Awaitable[IndexStore]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from store.model import Batch, EntriesRemoved, EntriesStored, Hash, WorkerCleared, WorkerKey
+from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, Hash, WorkerCleared, WorkerKey
 
 Entry = tuple[str, int, Hash]
 Residency = tuple[str, WorkerKey]

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from store.base import IndexStore
-from store.model import Batch, EntriesStored, Hash, StoreEvent, WorkerKey
+from kvsi.store.base import IndexStore
+from kvsi.store.model import Batch, EntriesStored, Hash, StoreEvent, WorkerKey
 
 WORKERS = [WorkerKey("pod-a", 0), WorkerKey("pod-b", 0), WorkerKey("pod-b", 1)]
 SESSIONS = 12

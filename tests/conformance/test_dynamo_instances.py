@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from store.base import IndexStore
-from store.model import WorkerKey
-from store.registry import DynamoInstance
+from kvsi.store.base import IndexStore
+from kvsi.store.model import WorkerKey
+from kvsi.store.registry import DynamoInstance
 
 
 def instance(instance_id: int, dp_rank: int = 0, pod: str = "vllm-0") -> DynamoInstance:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from kvsi.janitor import sweep
-from store.base import IndexStore
-from store.model import (
+from kvsi.store.base import IndexStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

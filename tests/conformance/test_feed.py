@@ -16,10 +16,10 @@ from typing import Literal
 
 import pytest
 
-from store.base import IndexStore
-from store.feed import Change, FeedEntry, HistoryGone, ResidencyChange, Subscription
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.base import IndexStore
+from kvsi.store.feed import Change, FeedEntry, HistoryGone, ResidencyChange, Subscription
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

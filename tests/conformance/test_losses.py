@@ -8,8 +8,8 @@ where the parent hashes tell. Every apply is replayed (`apply_twice`): nothing m
 
 from __future__ import annotations
 
-from store.base import IndexStore
-from store.model import (
+from kvsi.store.base import IndexStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

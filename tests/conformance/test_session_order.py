@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.base import IndexStore
-from store.model import (
+from kvsi.store.base import IndexStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,
@@ -17,7 +17,7 @@ from store.model import (
     WorkerCleared,
     WorkerKey,
 )
-from store.paging import SessionOrder
+from kvsi.store.paging import SessionOrder
 from tests.conformance.conftest import StoreFactory
 from tests.conformance.reference import Reference
 

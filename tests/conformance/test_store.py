@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.base import IndexStore
-from store.hashtext import format_hash
-from store.model import (
+from kvsi.store.base import IndexStore
+from kvsi.store.hashtext import format_hash
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     EntriesRemoved,

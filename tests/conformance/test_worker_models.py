@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from store.base import IndexStore
-from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.base import IndexStore
+from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 1)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from simulator.publisher import SimulatedPublisher
-from subscriber.wire import BlockStored
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.subscriber.wire import BlockStored
 from tests.e2e.services import Service, keep
 
 CHROMIUM = "/usr/bin/chromium"

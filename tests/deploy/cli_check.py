@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import kvsi.cli
 import kvsi.serve
-import simulator.fleet
+import kvsi.simulator.fleet
 from kvsi.settings import Settings
 
 
@@ -43,7 +43,7 @@ def run_kvsi(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPat
         parsed.simulate = dict(zip(names, args, strict=False)) | kwargs
 
     monkeypatch.setattr(kvsi.serve, "run_service", fake_service)
-    monkeypatch.setattr(simulator.fleet, "simulate", fake_simulate)
+    monkeypatch.setattr(kvsi.simulator.fleet, "simulate", fake_simulate)
     monkeypatch.setattr(kvsi.cli, "configure_logging", lambda *_: None)
     monkeypatch.setattr(kvsi.cli, "run_until_signalled", asyncio.run)
     result = CliRunner().invoke(kvsi.cli.app, argv)

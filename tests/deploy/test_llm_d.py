@@ -30,12 +30,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from api import create_app
-from api.routers.llm_d.hints import HintOptions
+from kvsi.api import create_app
+from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.serve import hint_options
 from kvsi.settings import LlmDConfig, load_settings
-from store.memory import MemoryStore
-from store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 from tests.deploy.paths import DEPLOY, tool
 from tests.ports import free_port

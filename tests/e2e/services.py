@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.fleet import SimulatedFleet
+from kvsi.simulator.fleet import SimulatedFleet
 from tests import waiting
 from tests.e2e.truth import listing
 from tests.environ import service_environ

@@ -19,13 +19,13 @@ from typer.testing import CliRunner
 from kvsi.cli import app, parse_pods
 from kvsi.errors import StartupError
 from kvsi.settings import load_settings
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.store.memory import MemoryStore
+from kvsi.store.select import open_store
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 from kvsi.tail import tail
-from simulator.engine import SimulatedEngine
-from simulator.publisher import SimulatedPublisher
-from store.memory import MemoryStore
-from store.select import open_store
-from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e

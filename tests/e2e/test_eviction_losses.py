@@ -17,13 +17,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.app import create_app
+from kvsi.api.app import create_app
 from kvsi.serve import run_index_metrics
-from simulator.fleet import SimulatedFleet
-from store.base import IndexStore
-from store.hashtext import parse_hash
-from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.base import IndexStore
+from kvsi.store.hashtext import parse_hash
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 from tests.conformance.conftest import StoreFactory, make_store  # noqa: F401  (fixture)
 from tests.e2e.truth import session_ids
 from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)

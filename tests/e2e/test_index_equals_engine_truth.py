@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from api.app import create_app
-from simulator.fleet import SimulatedFleet
-from store.memory import MemoryStore
-from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
+from kvsi.api.app import create_app
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.memory import MemoryStore
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 from tests.e2e.truth import mismatches
 from tests.waiting import eventually
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from simulator.fleet import SimulatedFleet
+from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
     Service,
     Services,

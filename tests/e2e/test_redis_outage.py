@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from simulator.fleet import SimulatedFleet
+from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
     PERSISTENT,
     Services,

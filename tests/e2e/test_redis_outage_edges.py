@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from simulator.fleet import SimulatedFleet
+from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
     PERSISTENT,
     burst,

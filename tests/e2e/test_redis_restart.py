@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from simulator.fleet import SimulatedFleet
-from store.model import Fence, WorkerKey
-from store.select import open_store
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.model import Fence, WorkerKey
+from kvsi.store.select import open_store
 from tests.e2e.services import (
     all_live,
     caught_up,

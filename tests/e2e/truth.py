@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import httpx
 
-from simulator.fleet import SimulatedFleet
-from store.hashtext import parse_hash
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.hashtext import parse_hash
 
 
 async def listing(client: httpx.AsyncClient, url: str, **filters: str) -> set[int | bytes]:

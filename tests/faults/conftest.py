@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from simulator.fleet import SimulatedFleet
-from store.base import IndexStore
-from subscriber.stream import IngestOptions
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.base import IndexStore
+from kvsi.subscriber.stream import IngestOptions
 from tests.faults.harness import FAULTS, Sidecar
 
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import httpx
 
-from api.app import create_app
+from kvsi.api.app import create_app
 from kvsi.serve import readiness_probe
-from simulator.engine import SimulatedEngine
-from simulator.fleet import SimulatedFleet
-from store.base import IndexStore
-from store.model import WorkerKey
-from subscriber.pool import StreamPool
-from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.base import IndexStore
+from kvsi.store.model import WorkerKey
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
 from tests.e2e.truth import listing, session_ids
 from tests.waiting import eventually
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import zmq.asyncio
 
-from simulator.engine import SimulatedEngine
-from simulator.publisher import SimulatedPublisher
-from simulator.workload import AgenticWorkload
-from store.memory import MemoryStore
-from subscriber.stream import PublisherSpec
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.simulator.workload import AgenticWorkload
+from kvsi.store.memory import MemoryStore
+from kvsi.subscriber.stream import PublisherSpec
 from tests.faults.harness import FAULTS, Sidecar, mismatches
 
 pytestmark = pytest.mark.e2e

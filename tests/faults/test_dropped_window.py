@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.model import ApplyOutcome
+from kvsi.store.model import ApplyOutcome
 from tests.faults.conftest import Parts
 from tests.faults.harness import engines, mismatches, next_seqs, worker
 from tests.subscriber.stores import RecordingStore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.memory import MemoryStore
+from kvsi.store.memory import MemoryStore
 from tests.faults.conftest import Parts
 from tests.faults.harness import engines, mismatches, next_seqs
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from store.memory import MemoryStore
+from kvsi.store.memory import MemoryStore
 from tests.faults.conftest import Parts
 from tests.faults.harness import engines, mismatches, next_seqs
 from tests.waiting import eventually

@@ -10,7 +10,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from store.model import ApplyOutcome, WorkerState
+from kvsi.store.model import ApplyOutcome, WorkerState
 from tests.faults.conftest import Parts
 from tests.faults.harness import FAULTS, engines, mismatches, next_seqs, worker
 from tests.subscriber.stores import RecordingStore

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from store.memory import MemoryStore
-from subscriber.stream import PublisherSpec
+from kvsi.store.memory import MemoryStore
+from kvsi.subscriber.stream import PublisherSpec
 from tests.e2e.truth import listing
 from tests.faults.conftest import Parts
 from tests.faults.harness import FAULTS, Sidecar, engines, mismatches, next_seqs

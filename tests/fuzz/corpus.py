@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from subscriber import wire
+from kvsi.subscriber import wire
 from tests.paths import WIRE
 
 CORPUS: list[bytes] = sorted(p.read_bytes() for p in WIRE.glob("*/*.msgpack"))

@@ -24,13 +24,13 @@ import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.memory import MemoryStore
-from store.model import WorkerKey
-from subscriber import wire
-from subscriber.decode import ingest_decoder, wire_decoder
-from subscriber.drops import MESSAGE_REASONS, DropReason
-from subscriber.gate import StoreGate
-from subscriber.stream import PublisherSpec, WorkerStream
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import WorkerKey
+from kvsi.subscriber import wire
+from kvsi.subscriber.decode import ingest_decoder, wire_decoder
+from kvsi.subscriber.drops import MESSAGE_REASONS, DropReason
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.stream import PublisherSpec, WorkerStream
 from tests.fuzz.corpus import BAD_EVENTS, ENCODER, TOPIC, Mutator, messages, seq_frame
 from tests.subscriber.peers import Publisher, running, tcp
 from tests.waiting import eventually

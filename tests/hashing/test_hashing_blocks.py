@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hashing import (
+from kvsi.hashing import (
     ALGORITHMS,
     BlockHasher,
     MMFeature,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashing.serialize import HashValue, cbor_dumps, pickle_dumps
+from kvsi.hashing.serialize import HashValue, cbor_dumps, pickle_dumps
 
 scalars = st.none() | st.booleans() | st.integers() | st.binary() | st.text()
 values: st.SearchStrategy[HashValue] = st.recursive(

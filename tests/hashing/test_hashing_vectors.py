@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from hashing import BlockHasher, MMFeature, RequestKeys, block_hashes, get_algorithm, none_hash
-from hashing.algorithms import none_hash_seed
-from hashing.serialize import HashValue
+from kvsi.hashing import BlockHasher, MMFeature, RequestKeys, block_hashes, get_algorithm, none_hash
+from kvsi.hashing.algorithms import none_hash_seed
+from kvsi.hashing.serialize import HashValue
 from tests.paths import WIRE
 
 VECTORS: dict[str, Any] = json.loads((WIRE / "hashes.json").read_text())

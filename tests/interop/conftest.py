@@ -14,8 +14,8 @@ from typing import Protocol
 
 import pytest
 
-from store.memory import MemoryStore
-from subscriber.stream import PublisherSpec
+from kvsi.store.memory import MemoryStore
+from kvsi.subscriber.stream import PublisherSpec
 from tests.faults.harness import Sidecar
 
 DEMANDED = os.environ.get("KVSI_INTEROP") == "1"

@@ -10,7 +10,7 @@ import random
 from collections import deque
 from types import TracebackType
 
-from simulator.workload import AgenticWorkload, Request
+from kvsi.simulator.workload import AgenticWorkload, Request
 from tests.interop.engines import Turn, VllmWorker, kv_events_config
 from tests.ports import free_port_run
 

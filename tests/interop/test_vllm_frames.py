@@ -19,9 +19,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from simulator.engine import SimulatedEngine
-from simulator.publisher import SimulatedPublisher
-from subscriber.wire import END_SEQ
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.subscriber.wire import END_SEQ
 from tests.interop.engines import BLOCK_SIZE, MODEL, Turn, VllmWorker, kv_events_config
 from tests.ports import free_port_run
 from tests.simulator.peers import RECV_TIMEOUT, nothing_within, recv, replay, replay_request

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from simulator.fleet import SimulatedFleet
+from kvsi.simulator.fleet import SimulatedFleet
 from tests.kvsi.fake_kube import FakeKube, pod
 from tests.ports import free_port, free_port_run
 from tests.waiting import eventually

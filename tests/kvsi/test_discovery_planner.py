@@ -11,8 +11,8 @@ from kvsi.cli import app
 from kvsi.discovery import Changes, FleetPlanner, PodEvent, PodInfo, PodSnapshot, publishers_of
 from kvsi.errors import StartupError
 from kvsi.settings import DiscoveryConfig, load_settings
-from store.model import WorkerKey
-from subscriber.stream import PublisherSpec
+from kvsi.store.model import WorkerKey
+from kvsi.subscriber.stream import PublisherSpec
 from tests.kvsi.paths import RECORDED_WATCH
 
 CONFIG = DiscoveryConfig(labels={"app.kubernetes.io/name": "vllm"}, grace_seconds=30.0)

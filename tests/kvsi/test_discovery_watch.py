@@ -15,11 +15,11 @@ from prometheus_client import REGISTRY
 
 from kvsi.discovery import PodEvent, PodInfo, PodSnapshot, run_discovery, watch_pods
 from kvsi.settings import DiscoveryConfig
-from simulator.fleet import SimulatedFleet
-from store.memory import MemoryStore
-from store.model import WorkerKey, WorkerState
-from subscriber import metrics
-from subscriber.pool import StreamPool
+from kvsi.simulator.fleet import SimulatedFleet
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import WorkerKey, WorkerState
+from kvsi.subscriber import metrics
+from kvsi.subscriber.pool import StreamPool
 from tests.kvsi.fake_kube import FakeKube, pod
 from tests.kvsi.paths import RECORDED_WATCH
 from tests.ports import free_port_run

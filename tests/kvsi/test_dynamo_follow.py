@@ -10,11 +10,11 @@ import zmq
 import zmq.asyncio
 
 from kvsi.dynamo_follow import follow_registrations
-from store.memory import MemoryStore
-from store.model import WorkerKey
-from store.registry import DynamoInstance
-from subscriber.pool import StreamPool
-from subscriber.stream import PublisherSpec
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import WorkerKey
+from kvsi.store.registry import DynamoInstance
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 from tests.subscriber.peers import Publisher, payload, stored, tcp
 from tests.waiting import eventually
 

@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from kvsi.serve import run_service
 from kvsi.settings import Settings
-from store.model import canonical_hash
+from kvsi.store.model import canonical_hash
 from tests.ports import free_port_run
 from tests.subscriber.peers import Publisher, payload, stored, tcp
 from tests.waiting import eventually

@@ -12,9 +12,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from simulator.publisher import SimulatedPublisher
-from store.hashtext import parse_hash
-from subscriber import wire
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.store.hashtext import parse_hash
+from kvsi.subscriber import wire
 from tests.paths import WIRE
 
 FRAMES = WIRE / "frames"

@@ -9,8 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.engine import SimulatedEngine
-from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.subscriber.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    KVEventBatch,
+)
 from tests.paths import WIRE
 
 BS = 4

@@ -9,8 +9,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from simulator.fleet import SimulatedFleet, pod_names, simulate
-from subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvsi.simulator.fleet import SimulatedFleet, pod_names, simulate
+from kvsi.subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from tests.ports import free_port_run
 from tests.simulator.peers import recv, replay, replay_request, seq_of, subscribe
 

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 import zmq.asyncio
 
-from simulator.publisher import SimulatedPublisher
+from kvsi.simulator.publisher import SimulatedPublisher
 from tests.simulator.peers import (
     batch_from_expected,
     fixture_hex,

@@ -10,8 +10,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from simulator.publisher import SimulatedPublisher
-from subscriber.wire import END_SEQ, AllBlocksCleared, BlockRemoved, KVEventBatch
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.subscriber.wire import END_SEQ, AllBlocksCleared, BlockRemoved, KVEventBatch
 from tests.simulator.peers import (
     nothing_within,
     recv,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.engine import SimulatedEngine
-from simulator.workload import AgenticWorkload, Request
+from kvsi.simulator.engine import SimulatedEngine
+from kvsi.simulator.workload import AgenticWorkload, Request
 
 
 def run(workload: AgenticWorkload) -> list[Request]:

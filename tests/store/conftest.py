@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis
 
-from store.redis import RedisStore
+from kvsi.store.redis import RedisStore
 from tests.redis_servers import RedisServer, redis_cluster, redis_server  # noqa: F401
 
 MakeStore = Callable[..., Awaitable[RedisStore]]

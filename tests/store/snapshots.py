@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.base import IndexStore
-from store.hashtext import format_hash
-from store.model import WorkerKey
+from kvsi.store.base import IndexStore
+from kvsi.store.hashtext import format_hash
+from kvsi.store.model import WorkerKey
 
 A = WorkerKey("pod-a", 0)
 B = WorkerKey("pod-b", 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.endpoints import zmq_endpoint
+from kvsi.store.endpoints import zmq_endpoint
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from store.feed import FeedHub, FeedRecord, HistoryGone, Overflow, ResidencyChange, WorkerChange
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.feed import (
+    FeedHub,
+    FeedRecord,
+    HistoryGone,
+    Overflow,
+    ResidencyChange,
+    WorkerChange,
+)
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,

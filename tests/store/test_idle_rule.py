@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.model import Holders, idle, release
+from kvsi.store.model import Holders, idle, release
 
 
 @pytest.mark.parametrize(

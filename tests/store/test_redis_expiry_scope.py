@@ -3,7 +3,7 @@ it writes and reads no other worker; a full pass (the API replicas') sweeps the 
 
 from __future__ import annotations
 
-from store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey
+from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, WorkerKey
 from tests.store.conftest import MakeStore
 
 A = WorkerKey("pod-a", 0)

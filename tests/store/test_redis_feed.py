@@ -10,8 +10,8 @@ import redis
 from redis.exceptions import ConnectionError
 from structlog.testing import capture_logs
 
-from store.feed import FeedEntry, FeedHub, FeedRecord, entry_id, split_id
-from store.model import (
+from kvsi.store.feed import FeedEntry, FeedHub, FeedRecord, entry_id, split_id
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,
@@ -20,9 +20,9 @@ from store.model import (
     WorkerState,
     WorkerStatus,
 )
-from store.redis import RedisStore
-from store.redis.feed import FeedPump
-from store.redis.layout import BUCKETS, bucket
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.feed import FeedPump
+from kvsi.store.redis.layout import BUCKETS, bucket
 from tests.store.conftest import MakeStore
 from tests.waiting import eventually
 

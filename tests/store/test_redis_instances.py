@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import redis
 
-from store.model import WorkerKey, WorkerState, WorkerStatus
-from store.registry import DynamoInstance
+from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.registry import DynamoInstance
 from tests.store.conftest import MakeStore
 from tests.waiting import eventually
 

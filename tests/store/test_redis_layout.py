@@ -10,7 +10,7 @@ import redis
 from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
-from store.model import (
+from kvsi.store.model import (
     Batch,
     EntriesRemoved,
     EntriesStored,
@@ -19,15 +19,15 @@ from store.model import (
     WorkerState,
     WorkerStatus,
 )
-from store.redis import RedisStore
-from store.redis.layout import (
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.layout import (
     Progress,
     decode_progress,
     decode_residency,
     encode_progress,
     encode_residency,
 )
-from store.select import open_store
+from kvsi.store.select import open_store
 from tests.store.conftest import MakeStore
 
 pytestmark = pytest.mark.redis

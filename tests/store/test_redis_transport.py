@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis.exceptions
 
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     EntriesRemoved,
@@ -24,10 +24,10 @@ from store.model import (
     WorkerCleared,
     WorkerKey,
 )
-from store.redis.layout import WorkerKeys, bucket, member
-from store.redis.mirror import Mirror
-from store.redis.plan import INDEX_BASE, INDEX_DEL, SREM1
-from store.redis.transport import DirectScript
+from kvsi.store.redis.layout import WorkerKeys, bucket, member
+from kvsi.store.redis.mirror import Mirror
+from kvsi.store.redis.plan import INDEX_BASE, INDEX_DEL, SREM1
+from kvsi.store.redis.transport import DirectScript
 from tests.store.conftest import MakeStore
 from tests.store.snapshots import snapshot
 

@@ -14,8 +14,8 @@ import redis.exceptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.memory import MemoryStore
-from store.model import (
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import (
     ApplyOutcome,
     Batch,
     EntriesRemoved,
@@ -23,8 +23,8 @@ from store.model import (
     StoreEvent,
     WorkerKey,
 )
-from store.redis import RedisStore
-from store.redis.mirror import VLOG_LENGTH
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.mirror import VLOG_LENGTH
 from tests.conformance.checks import events
 from tests.redis_servers import RedisServer, require
 from tests.store.conftest import MakeStore

@@ -9,9 +9,9 @@ from contextlib import AsyncExitStack
 import pytest
 import zmq.asyncio
 
-from store.model import WorkerKey, WorkerState, WorkerView
-from subscriber.gate import StoreGate
-from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+from kvsi.store.model import WorkerKey, WorkerState, WorkerView
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
 from tests.subscriber.peers import Publisher, ReplayRouter, running, tcp
 from tests.subscriber.stores import RecordingStore
 from tests.waiting import eventually

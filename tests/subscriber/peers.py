@@ -14,9 +14,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from subscriber import wire
-from subscriber.drops import DropReason
-from subscriber.stream import WorkerStream
+from kvsi.subscriber import wire
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.stream import WorkerStream
 from tests.ports import free_port
 from tests.waiting import eventually
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from store.memory import MemoryStore
-from store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerStatus
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerStatus
 
 
 class StoreDownError(ConnectionError):

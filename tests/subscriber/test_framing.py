@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from subscriber.drops import DropReason
-from subscriber.framing import ReplayEnd, parse_live, parse_reply, replay_request
-from subscriber.wire import END_SEQ
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.framing import ReplayEnd, parse_live, parse_reply, replay_request
+from kvsi.subscriber.wire import END_SEQ
 from tests.paths import WIRE
 
 FRAMES = WIRE / "frames"

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from store.model import ApplyOutcome, WorkerKey, WorkerState
-from subscriber import wire
-from subscriber.drops import DropReason
+from kvsi.store.model import ApplyOutcome, WorkerKey, WorkerState
+from kvsi.subscriber import wire
+from kvsi.subscriber.drops import DropReason
 from tests.subscriber.conftest import FAST, RigFactory
 from tests.subscriber.peers import payload, removed, running, stored
 from tests.subscriber.stores import RecordingStore

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from store.model import WorkerState
-from subscriber.health import WorkerHealth
+from kvsi.store.model import WorkerState
+from kvsi.subscriber.health import WorkerHealth
 
 
 def test_connecting_then_live_then_disconnected_with_since_and_detail() -> None:

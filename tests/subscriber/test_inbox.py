@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from subscriber.inbox import Inbox
+from kvsi.subscriber.inbox import Inbox
 
 
 def msg(seq: int) -> list[bytes]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from store.model import ApplyOutcome, Fence
-from subscriber.order import (
+from kvsi.store.model import ApplyOutcome, Fence
+from kvsi.subscriber.order import (
     APPLY,
     LOST_INDEX,
     STOP,

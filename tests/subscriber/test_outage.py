@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from prometheus_client import REGISTRY
 
-from store.model import Batch, WorkerKey, WorkerState
-from subscriber.gate import StoreGate
+from kvsi.store.model import Batch, WorkerKey, WorkerState
+from kvsi.subscriber.gate import StoreGate
 from tests.subscriber.conftest import FAST, RigFactory
 from tests.subscriber.peers import payload, stored
 from tests.subscriber.stores import RecordingStore

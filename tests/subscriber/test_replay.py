@@ -10,9 +10,9 @@ import pytest
 import zmq.asyncio
 from prometheus_client import REGISTRY
 
-from simulator.publisher import SimulatedPublisher
-from subscriber.drops import DropReason
-from subscriber.replay import ReplayClient, ReplayFailedError
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.replay import ReplayClient, ReplayFailedError
 from tests.subscriber.peers import Publisher, ReplayRouter, payload, stored, tcp
 
 

@@ -11,11 +11,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from store.memory import MemoryStore
-from store.model import WorkerKey, WorkerState
-from subscriber.gate import StoreGate
-from subscriber.pool import StreamPool
-from subscriber.sockets import (
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import WorkerKey, WorkerState
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.sockets import (
     FILES_KEPT,
     Limits,
     ResourceError,
@@ -23,7 +23,7 @@ from subscriber.sockets import (
     room_for,
     sized_context,
 )
-from subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
 from tests.subscriber.conftest import FAST, Rig, RigFactory
 from tests.subscriber.peers import Publisher, ReplayRouter, payload, running, stored, tcp
 from tests.waiting import eventually

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from prometheus_client import REGISTRY, generate_latest
 
-from store.model import WorkerKey, WorkerState
-from subscriber import metrics, wire
-from subscriber.drops import DropReason
+from kvsi.store.model import WorkerKey, WorkerState
+from kvsi.subscriber import metrics, wire
+from kvsi.subscriber.drops import DropReason
 from tests.subscriber.conftest import RigFactory
 from tests.subscriber.peers import Publisher, payload, removed, running, stored
 from tests.subscriber.stores import RecordingStore

@@ -7,10 +7,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from store.memory import MemoryStore
-from subscriber.gate import StoreGate
-from subscriber.stream import PublisherSpec, WorkerStream
-from subscriber.topic import model_of_topic
+from kvsi.store.memory import MemoryStore
+from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.stream import PublisherSpec, WorkerStream
+from kvsi.subscriber.topic import model_of_topic
 from tests.subscriber.conftest import FAST, RigFactory
 from tests.subscriber.peers import Publisher, payload, running, stored, tcp
 from tests.waiting import eventually

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from store.model import EntriesRemoved, EntriesStored
-from subscriber.decode import ingest_decoder, wire_decoder
-from subscriber.drops import DropReason
+from kvsi.store.model import EntriesRemoved, EntriesStored
+from kvsi.subscriber.decode import ingest_decoder, wire_decoder
+from kvsi.subscriber.drops import DropReason
 
 GOOD_STORED = {
     "type": "BlockStored",

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from store.hashtext import format_hash, parse_hash
-from store.model import EntriesRemoved, EntriesStored, WorkerCleared
-from subscriber import wire
-from subscriber.decode import ingest_decoder, wire_decoder
+from kvsi.store.hashtext import format_hash, parse_hash
+from kvsi.store.model import EntriesRemoved, EntriesStored, WorkerCleared
+from kvsi.subscriber import wire
+from kvsi.subscriber.decode import ingest_decoder, wire_decoder
 from tests.paths import WIRE
 
 INDEX = {entry["release"]: entry for entry in json.loads((WIRE / "index.json").read_text())}

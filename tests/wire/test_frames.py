@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from store.hashtext import format_hash
-from subscriber import wire
-from subscriber.decode import wire_decoder
+from kvsi.store.hashtext import format_hash
+from kvsi.subscriber import wire
+from kvsi.subscriber.decode import wire_decoder
 from tests.paths import WIRE
 
 FRAMES = WIRE / "frames"

@@ -5,7 +5,7 @@ holds its endpoints and `DynamoOptions`, schemas.py its bodies, scores.py the ov
 registry.py the store door, headers.py the routing headers `/v1/route` returns.
 """
 
-from api.routers.dynamo.app import create_dynamo_app
-from api.routers.dynamo.routes import DynamoOptions
+from kvsi.api.routers.dynamo.app import create_dynamo_app
+from kvsi.api.routers.dynamo.routes import DynamoOptions
 
 __all__ = ["DynamoOptions", "create_dynamo_app"]

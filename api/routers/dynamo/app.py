@@ -16,14 +16,14 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
-import hashing
-from api.auth import UNAUTHORIZED, TokenCheck, require_token
-from api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
-from api.errors import describe_validation_errors, http_error_detail
-from api.routers.dynamo import routes
-from api.routers.dynamo.registry import guarded_door
-from api.routers.dynamo.routes import DynamoOptions
-from store.base import IndexStore
+from kvsi import hashing
+from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
+from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
+from kvsi.api.errors import describe_validation_errors, http_error_detail
+from kvsi.api.routers.dynamo import routes
+from kvsi.api.routers.dynamo.registry import guarded_door
+from kvsi.api.routers.dynamo.routes import DynamoOptions
+from kvsi.store.base import IndexStore
 
 DESCRIPTION = """\
 Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`), answered from the

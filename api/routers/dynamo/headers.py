@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from store.model import WorkerKey
-from store.registry import DynamoInstance
+from kvsi.store.model import WorkerKey
+from kvsi.store.registry import DynamoInstance
 
 INSTANCE_HEADER = "x-worker-instance-id"
 DP_RANK_HEADER = "x-dp-rank"

@@ -12,8 +12,8 @@ from typing import Protocol, cast
 
 from fastapi import Request
 
-from api.reader import Guarded
-from store.base import DynamoRegistry, IndexReader, IndexStore
+from kvsi.api.reader import Guarded
+from kvsi.store.base import DynamoRegistry, IndexReader, IndexStore
 
 
 class RegistryDoor(IndexReader, DynamoRegistry, Protocol):

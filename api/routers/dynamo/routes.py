@@ -15,9 +15,9 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-import hashing
-from api.routers.dynamo.registry import RegistryDoor, get_door
-from api.routers.dynamo.schemas import (
+from kvsi import hashing
+from kvsi.api.routers.dynamo.registry import RegistryDoor, get_door
+from kvsi.api.routers.dynamo.schemas import (
     DumpEntry,
     DynamoError,
     Listener,
@@ -31,10 +31,10 @@ from api.routers.dynamo.schemas import (
     WorkerInfo,
     WorkersQuery,
 )
-from api.routers.dynamo.scores import overlap_answer
-from api.schemas import json_response
-from store.model import Hash, WorkerKey, WorkerState, WorkerView, canonical_hash
-from store.registry import DynamoInstance
+from kvsi.api.routers.dynamo.scores import overlap_answer
+from kvsi.api.schemas import json_response
+from kvsi.store.model import Hash, WorkerKey, WorkerState, WorkerView, canonical_hash
+from kvsi.store.registry import DynamoInstance
 
 router = APIRouter(tags=["dynamo"])
 probe_router = APIRouter(tags=["dynamo"])

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, Strict, field_validator
 
-from api.params import POD_PATTERN, BodyModel, QueryParams
-from store.endpoints import zmq_endpoint
+from kvsi.api.params import POD_PATTERN, BodyModel, QueryParams
+from kvsi.store.endpoints import zmq_endpoint
 
 DEFAULT_ROUTING_GROUP = "default"
 

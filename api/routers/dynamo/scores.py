@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from store.model import WorkerKey
-from store.registry import DynamoInstance
+from kvsi.store.model import WorkerKey
+from kvsi.store.registry import DynamoInstance
 
 DEVICE_MEDIA = frozenset({"GPU", "DEVICE"})
 HOST_MEDIA = frozenset({"CPU", "CPU_PINNED", "CPU_TIER1"})

@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from api.ranking import Evidence, Ranked, Weights, rank
-from store.model import WorkerKey
+from kvsi.api.ranking import Evidence, Ranked, Weights, rank
+from kvsi.store.model import WorkerKey
 
 HintFormat = Literal["llm-d", "label"]
 

@@ -12,12 +12,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import Field
 
-from api.params import QueryParams, SessionId, once_each
-from api.reader import get_reader
-from api.routers.llm_d.hints import HintFormat, HintOptions, SessionHint, best_for_session, hint_for
-from api.schemas import ErrorResponse
-from store.base import IndexReader
-from store.model import WorkerKey, WorkerState
+from kvsi.api.params import QueryParams, SessionId, once_each
+from kvsi.api.reader import get_reader
+from kvsi.api.routers.llm_d.hints import (
+    HintFormat,
+    HintOptions,
+    SessionHint,
+    best_for_session,
+    hint_for,
+)
+from kvsi.api.schemas import ErrorResponse
+from kvsi.store.base import IndexReader
+from kvsi.store.model import WorkerKey, WorkerState
 
 router = APIRouter(prefix="/v1/sessions", tags=["routing"])
 
