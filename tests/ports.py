@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _BELOW_EPHEMERAL = (20_000, 32_000)
 """Linux hands out outgoing ports from 32768 up: runs picked below never race with them."""
@@ -31,3 +33,15 @@ def free_port_run(length: int) -> int:
 def free_port() -> int:
     """One free loopback port, below the ephemeral range (see `free_port_run`)."""
     return free_port_run(1)
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port bound but not listening for the block: connections to it are refused.
+
+    Holding it bound keeps every other `free_port` caller off it, which a port merely
+    found free would not.
+    """
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]

@@ -38,7 +38,7 @@ from kvsi.store.memory import MemoryStore
 from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
 from tests.deploy.paths import DEPLOY, tool
-from tests.ports import free_port
+from tests.ports import free_port, refusing_port
 from tests.waiting import eventually
 
 LLM_D = DEPLOY / "llm-d"
@@ -298,19 +298,21 @@ async def test_the_session_may_come_in_the_body_and_unknown_ones_keep_the_client
 async def test_the_proxy_sends_kvsis_token_and_fails_open_when_kvsi_cannot_answer() -> None:
     gateway = Gateway()
     guarded = create_app(await session_on_two_pods(), tokens=["s3cret"])
-    down = f"http://127.0.0.1:{free_port()}"
-    async with (
-        serving(guarded) as kvsi_url,
-        serving(gateway.app) as gateway_url,
-        proxied(kvsi_url, gateway_url, token="s3cret", form="label") as with_token,
-        proxied(kvsi_url, gateway_url) as without_token,
-        proxied(down, gateway_url) as kvsi_down,
-        proxied(kvsi_url, down) as gateway_down,
-    ):
-        answers = []
-        for proxy in (with_token, without_token, kvsi_down, gateway_down):
-            async with httpx.AsyncClient(base_url=proxy) as client:
-                answers.append(await client.post("/v1/completions", headers={"x-session-id": "s"}))
+    with refusing_port() as closed:
+        down = f"http://127.0.0.1:{closed}"
+        async with (
+            serving(guarded) as kvsi_url,
+            serving(gateway.app) as gateway_url,
+            proxied(kvsi_url, gateway_url, token="s3cret", form="label") as with_token,
+            proxied(kvsi_url, gateway_url) as without_token,
+            proxied(down, gateway_url) as kvsi_down,
+            proxied(kvsi_url, down) as gateway_down,
+        ):
+            answers = []
+            for proxy in (with_token, without_token, kvsi_down, gateway_down):
+                async with httpx.AsyncClient(base_url=proxy) as client:
+                    answer = await client.post("/v1/completions", headers={"x-session-id": "s"})
+                answers.append(answer)
     assert [a.status_code for a in answers] == [201, 201, 201, 502]
     labelled, unauthorized, unreachable = (s["headers"] for s in gateway.seen)
     assert labelled["x-kvsi-pod"] == "pod-b"

@@ -15,7 +15,7 @@ import pytest
 from kvsi.tail import tail
 from tests.e2e.services import services
 from tests.environ import service_environ
-from tests.ports import free_port_run
+from tests.ports import free_port_run, refusing_port
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -222,16 +222,16 @@ def assert_one_line(result: subprocess.CompletedProcess[str], says: str) -> None
 
 
 async def test_an_unreachable_redis_is_one_warning_at_start_and_503s_one_line_each() -> None:
-    closed = free_port_run(1)
-    async with services() as running:
-        service = running.start("kvsi", f"redis://:hunter2@127.0.0.1:{closed}/0", None)
-        base = await service.serving()
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            for _ in range(5):
-                response = await client.get("/v1/sessions/s-1")
-                assert response.status_code == 503
-                assert "index store unavailable" in response.json()["detail"]
-        output = service.output()
+    with refusing_port() as closed:
+        async with services() as running:
+            service = running.start("kvsi", f"redis://:hunter2@127.0.0.1:{closed}/0", None)
+            base = await service.serving()
+            async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                for _ in range(5):
+                    response = await client.get("/v1/sessions/s-1")
+                    assert response.status_code == 503
+                    assert "index store unavailable" in response.json()["detail"]
+            output = service.output()
     warnings = [line for line in output.splitlines() if "store.unreachable" in line]
     assert len(warnings) == 1, output
     assert "redis://:***@127.0.0.1" in warnings[0] and "hunter2" not in output, output
