@@ -19,6 +19,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from kvsi.store.directory import SAFE_SECONDS, hint_key
 from kvsi.store.feed import FeedHub
 from kvsi.store.model import (
     Fence,
@@ -56,6 +57,7 @@ from kvsi.store.redis.layout import (
     member,
     parse_worker,
     registry_key,
+    residency_time,
     retired_key,
 )
 from kvsi.store.redis.plan import MAX_ARGS, Arg
@@ -273,7 +275,7 @@ class RedisReader:
         self._prefix_script: AsyncScript = client.register_script(lua("prefix"))
         self._locate_script: AsyncScript = client.register_script(lua("locate"))
         self._losses_script: AsyncScript = client.register_script(lua("losses"))
-        self._locate_keys = _KeyCache(self._locate_names)
+        self._unhint_script: AsyncScript = client.register_script(lua("unhint"))
         self._parts_keys = _KeyCache(lambda workers: [self.worker_keys(w).parts for w in workers])
         self._states: dict[WorkerKey, WorkerState] = {}
         self._states_at = -math.inf
@@ -355,53 +357,65 @@ class RedisReader:
 
     async def _locate(self, session_id: str) -> tuple[float, list[Located]] | None:
         """The session's last_seen and its residency per worker holding a record of it, with
-        the parts hash of those holding blocks; None if never seen. On a cluster: ZSCORE of
-        the retired record, ZSCORE and HGET per registered worker, in one pipeline, then
-        HGETALL of the holders' parts hashes in another (a session sits on a few of the
-        workers, and reading every worker's made a third of a fleet-wide query)."""
-        workers = await self._known()
+        the parts hash of those holding blocks; None if never seen. Only the workers the
+        session's directory set names are read (`directory.py`), pruning the entries it no
+        longer needs. On a cluster: ZSCORE of the retired record and the directory set in one
+        pipeline, then HGET of the residency and HGETALL of the parts hash per named worker
+        in another."""
+        prune = time.time() - SAFE_SECONDS
+        key = hint_key(self._prefix, session_id)
         if self._reads is not None:
-            return await self._locate_in_one_call(self._reads, workers, session_id)
+            return await self._locate_in_one_call(self._reads, key, session_id, prune)
         pipe = self._pipeline()
         pipe.zscore(self._retired_key, session_id)
-        for w in workers:
-            keys = self.worker_keys(w)
-            pipe.zscore(keys.seen, session_id)
-            pipe.hget(keys.res, session_id)
-        retired, *out = await pipe.execute()
-        scores = [s for s in [retired, *out[0::2]] if s is not None]
-        if not scores:
-            return None
-        found = [(w, raw) for w, raw in zip(workers, out[1::2], strict=True) if raw is not None]
-        holders = [w for w, raw in found if b" " in raw]  # a space: it holds blocks
+        pipe.zrange(key, 0, -1, withscores=True)
+        retired, hinted = await pipe.execute()
         pipe = self._pipeline()
-        for w in holders:
-            pipe.hgetall(self.worker_keys(w).parts)
-        parts = dict(zip(holders, await pipe.execute() if holders else [], strict=True))
-        return -min(scores), [Located(w, raw, parts.get(w, {})) for w, raw in found]
-
-    async def _locate_in_one_call(
-        self, reads: _ReadConnections, workers: list[WorkerKey], session_id: str
-    ) -> tuple[float, list[Located]] | None:
-        """`_locate` on a standalone server: locate.lua, one reply for every worker (redis-py
-        spends client CPU on every reply it parses: a pipeline of one read per worker cost
-        milliseconds a lookup at 100 workers)."""
-        keys = self._locate_keys(workers)
-        retired, *hits = await reads.evalsha(self._locate_script, keys, [session_id])
-        seen = [-float(retired)] if retired else []
+        for raw, _ in hinted:
+            keys = self.worker_keys(parse_worker(raw))
+            pipe.hget(keys.res, session_id)
+            pipe.hgetall(keys.parts)
+        out = await pipe.execute() if hinted else []
+        seen = [-float(retired)] if retired is not None else []
         located = []
-        for i, raw, parts in zip(hits[0::3], hits[1::3], hits[2::3], strict=True):
-            seen.append(decode_residency(raw)[0])  # its last store there (see locate.lua)
-            located.append(
-                Located(workers[i - 1], raw, dict(zip(parts[0::2], parts[1::2], strict=True)))
-            )
+        stale = []
+        for (raw, score), res, parts in zip(hinted, out[0::2], out[1::2], strict=True):
+            if res is not None:
+                seen.append(residency_time(res))
+                located.append(Located(parse_worker(raw), res, parts if b" " in res else {}))
+            elif score < prune:
+                stale.append(raw.decode())
+        if stale:
+            await self._prune(key, stale, prune)
         if not seen:
             return None
         return max(seen), located
 
-    def _locate_names(self, workers: list[WorkerKey]) -> list[str]:
-        """locate.lua's KEYS: the retired record, then each worker's residencies."""
-        return [self._retired_key, *(self.worker_keys(w).res for w in workers)]
+    async def _prune(self, key: str, members: list[str], no_newer_than: float) -> None:
+        """Drop directory entries a read found stale (unhint.lua, one pipeline)."""
+        await self._scripted(
+            self._unhint_script, [([key], [m, repr(no_newer_than)]) for m in members]
+        )
+
+    async def _locate_in_one_call(
+        self, reads: _ReadConnections, key: str, session_id: str, prune: float
+    ) -> tuple[float, list[Located]] | None:
+        """`_locate` on a standalone server: locate.lua reads the directory and the workers
+        it names in one call, pruning as it goes (redis-py spends client CPU on every reply
+        it parses)."""
+        retired, *hits = await reads.evalsha(
+            self._locate_script, [self._retired_key, key], [session_id, self._prefix, prune]
+        )
+        seen = [-float(retired)] if retired else []
+        located = []
+        for w, raw, parts in zip(hits[0::3], hits[1::3], hits[2::3], strict=True):
+            seen.append(decode_residency(raw)[0])  # its last store there (see locate.lua)
+            located.append(
+                Located(parse_worker(w), raw, dict(zip(parts[0::2], parts[1::2], strict=True)))
+            )
+        if not seen:
+            return None
+        return max(seen), located
 
     async def session_blocks(
         self,

@@ -1,0 +1,83 @@
+"""The session directory: which workers may hold a residency of a session, so that a read
+of one session touches those workers and not the fleet (store/README.md "Redis: session
+directory").
+
+The rule and the names, without I/O (and without the Redis client: the settings check
+`MAX_IDLE_SECONDS`); store/redis/ reads and writes the sets. One sorted set per session,
+`P:dir:<session id>`, of `<pod>/<rank>` members scored with the wall time their writer last
+asserted them. The rule: a worker holding a residency of the session is in its set; the set
+may hold more (a write that never landed, a residency dropped since), which readers prune
+once the entry is older than `SAFE_SECONDS` and the worker holds no residency. Writers
+assert before the write that needs it; nothing else adds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kvsi.store.model import Batch, EntriesStored
+from kvsi.store.records import Residency
+
+DIRECTORY_TTL = 259_200.0
+"""Seconds a session's set outlives its last assert (Redis EXPIRE): what bounds the sets of
+sessions nobody reads again. A writer asserts again on the session's first store after half
+of it; a residency stored no more is dropped by expiry (`MAX_IDLE_SECONDS`) well before."""
+
+MAX_IDLE_SECONDS = 86_400.0
+"""The longest `session_idle_seconds` on Redis: a residency last asserted at A and stored
+until A + TTL/2 expires by A + TTL/2 + idle plus the janitor's delay, inside the TTL."""
+
+SAFE_SECONDS = 120.0
+"""An entry younger than this is never pruned: its writer may still be writing the
+residency it announced. A writer whose write took longer than half of it asserts again
+after the write (so a prune during a stall is repaired at once). Clocks of the processes
+must agree within half of it."""
+
+DIRECTORY_MARK = "dir"
+"""Meta field of a worker whose directory entries its writers keep complete: set when a
+writer registers the worker or loads it (asserting every residency it holds)."""
+
+DIRECTORY_DONE_AT = "dirv"
+"""Meta field: the worker's version (`ver`) when a janitor last asserted its residencies,
+for a worker without `DIRECTORY_MARK` (`RedisStore._complete_directories`)."""
+
+
+def hint_key(prefix: str, session_id: str) -> str:
+    """The session's directory set: its own slot (only a `{...}` in the id moves it)."""
+    return f"{prefix}:dir:{session_id}"
+
+
+def assert_hints(pipe: Any, prefix: str, member: str, sessions: Iterable[str], now: float) -> None:
+    """Queue, per session, ZADD of `member` at `now` and the set's EXPIRE."""
+    ttl = int(DIRECTORY_TTL)
+    for sid in sessions:
+        key = hint_key(prefix, sid)
+        pipe.zadd(key, {member: now})
+        pipe.expire(key, ttl)
+
+
+def sessions_to_assert(
+    batches: Iterable[Batch],
+    residencies: Mapping[str, Residency],
+    asserted: Mapping[str, float],
+    refresh_before: float,
+) -> list[str]:
+    """The sessions a writer must assert before writing `batches` (the rule, no I/O): each
+    session stored whose residency is absent or holds nothing before them (Redis may have
+    none: a reader may have pruned the entry, another process dropped an empty residency),
+    or whose last assert by this writer is unknown or older than `refresh_before` (the set's
+    TTL)."""
+    due: dict[str, None] = {}
+    for batch in batches:
+        for event in batch.events:
+            if type(event) is not EntriesStored:
+                continue
+            sid = event.session_id
+            if sid is None or sid in due:
+                continue
+            res = residencies.get(sid)
+            if res is None or not res.total or asserted.get(sid, -math.inf) < refresh_before:
+                due[sid] = None
+    return list(due)
