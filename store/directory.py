@@ -1,6 +1,6 @@
-"""The session directory: which workers may hold a residency of a session, so that a read
-of one session touches those workers and not the fleet (store/README.md "Redis: session
-directory").
+"""The directories: which workers may hold a residency of a session, and which may hold a
+prompt's first block, so that a session lookup or a prefix match touches those workers and
+not the fleet (store/README.md "Redis: directories").
 
 The rule and the names, without I/O (and without the Redis client: the settings check
 `MAX_IDLE_SECONDS`); store/redis/ reads and writes the sets. One sorted set per session,
@@ -14,10 +14,10 @@ assert before the write that needs it; nothing else adds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kvsi.store.model import Batch, EntriesStored
+from kvsi.store.model import Batch, EntriesStored, Hash, WorkerCleared
 from kvsi.store.records import Residency
 
 DIRECTORY_TTL = 259_200.0
@@ -44,18 +44,62 @@ DIRECTORY_DONE_AT = "dirv"
 for a worker without `DIRECTORY_MARK` (`RedisStore._complete_directories`)."""
 
 
+BLOCK_DIRECTORY_MARK = "bdir"
+"""Meta field of a worker whose first blocks are all in the block directory: set when a writer
+registers the worker or clears it (every first block it holds after that was asserted).
+A worker without it is read by every prefix match, as before the directory."""
+
+
+def block_key(prefix: str, member: int | bytes) -> str:
+    """A first block's directory set, by its set member (`layout.member`): its own slot."""
+    text = "x" + member.hex() if isinstance(member, bytes) else str(member)
+    return f"{prefix}:blk:{text}"
+
+
 def hint_key(prefix: str, session_id: str) -> str:
     """The session's directory set: its own slot (only a `{...}` in the id moves it)."""
     return f"{prefix}:dir:{session_id}"
 
 
-def assert_hints(pipe: Any, prefix: str, member: str, sessions: Iterable[str], now: float) -> None:
-    """Queue, per session, ZADD of `member` at `now` and the set's EXPIRE."""
+def assert_hints(pipe: Any, keys: Iterable[str], member: str, now: float) -> None:
+    """Queue, per directory set, ZADD of the worker's `member` at `now` and the set's EXPIRE."""
     ttl = int(DIRECTORY_TTL)
-    for sid in sessions:
-        key = hint_key(prefix, sid)
+    for key in keys:
         pipe.zadd(key, {member: now})
         pipe.expire(key, ttl)
+
+
+def firsts_to_assert(
+    batches: Iterable[Batch],
+    held: Callable[[Hash], bool],
+    asserted: Mapping[Hash, float],
+    refresh_before: float,
+    *,
+    restarted: bool = False,
+) -> list[Hash]:
+    """The first blocks a writer must assert before writing `batches` (the rule, no I/O): the
+    first hash of each store that starts a prompt (no parent: vLLM's position 0, the block a
+    prefix match starts from) which the worker does not hold before them, or whose last
+    assert by this writer is unknown or older than `refresh_before`. After a clear (the
+    batch `restarted` the engine, or a `WorkerCleared` came first) every such store counts:
+    its block was dropped before it was stored again."""
+    due: dict[Hash, None] = {}
+    cleared = restarted
+    for batch in batches:
+        for event in batch.events:
+            if isinstance(event, WorkerCleared):
+                cleared = True
+            if not isinstance(event, EntriesStored) or event.parent_block_hash is not None:
+                continue
+            if not event.block_hashes:
+                continue
+            first = event.block_hashes[0]
+            if first in due:
+                continue
+            stale = asserted.get(first, -math.inf) < refresh_before
+            if cleared or stale or not held(first):
+                due[first] = None
+    return list(due)
 
 
 def sessions_to_assert(
@@ -72,7 +116,7 @@ def sessions_to_assert(
     due: dict[str, None] = {}
     for batch in batches:
         for event in batch.events:
-            if type(event) is not EntriesStored:
+            if not isinstance(event, EntriesStored):  # the ingest decoder makes subclasses
                 continue
             sid = event.session_id
             if sid is None or sid in due:

@@ -26,15 +26,6 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError
 
-from kvsi.store.directory import (
-    DIRECTORY_DONE_AT,
-    DIRECTORY_MARK,
-    DIRECTORY_TTL,
-    SAFE_SECONDS,
-    assert_hints,
-    hint_key,
-    sessions_to_assert,
-)
 from kvsi.store.feed import FeedRecord, WorkerChange
 from kvsi.store.model import (
     ApplyOutcome,
@@ -42,11 +33,13 @@ from kvsi.store.model import (
     Expired,
     Fence,
     IndexLostError,
+    WorkerCleared,
     WorkerKey,
     WorkerStatus,
     advance,
     decide,
 )
+from kvsi.store.redis.directories import Asserted, Directories
 from kvsi.store.redis.instances import RedisInstances
 from kvsi.store.redis.layout import (
     DEFAULT_PREFIX,
@@ -126,17 +119,16 @@ class _Reply(NamedTuple):
 
 class _Writer:
     """This process's write state for one worker: its keys, its mirror, one write at a time,
-    and when it last asserted each session in the session directory."""
+    and what it asserted in the directories."""
 
-    __slots__ = ("asserted", "keys", "lock", "member", "mirror", "worker")
+    __slots__ = ("asserted", "keys", "lock", "mirror", "worker")
 
     def __init__(self, worker: WorkerKey, keys: WorkerKeys) -> None:
         self.worker = worker
         self.keys = keys
-        self.member = worker_member(worker)
         self.lock = asyncio.Lock()
         self.mirror: Mirror | None = None
-        self.asserted: dict[str, float] = {}
+        self.asserted = Asserted(keys)
 
 
 class RedisStore(RedisReader, RedisInstances):
@@ -163,8 +155,13 @@ class RedisStore(RedisReader, RedisInstances):
         else:
             self._apply_call = self._direct
         self._expire_script: AsyncScript = client.register_script(lua("expire"))
-        self._migrated: set[WorkerKey] = set()
-        """Workers whose directory entries are known complete (`_complete_directory`)."""
+        self._directories = Directories(
+            client,
+            self._prefix,
+            self._scripted,
+            self._unhint_script,
+            client.register_script(lua("mark")),
+        )
         self._writers: dict[WorkerKey, _Writer] = {}
         self._token_prefix = secrets.token_hex(6) + "."
         self._tokens = itertools.count()
@@ -273,7 +270,7 @@ class RedisStore(RedisReader, RedisInstances):
         plan = Plan(w.keys)
         now = time.time()
         guard = _guard(expect)
-        due = await self._assert_due(w, mirror, batches, now)
+        due = await self._directories.before(w.asserted, mirror, batches, now)
         try:
             for i, batch in enumerate(batches, 1):
                 token = self._token()
@@ -284,7 +281,7 @@ class RedisStore(RedisReader, RedisInstances):
         except BaseException:
             w.mirror = None
             raise
-        await self._assert_again(w, due, now)
+        await self._directories.after(w.asserted, due, now)
         if reply.outcome == "applied":
             return [ApplyOutcome.APPLIED] * len(batches)
         w.mirror = None
@@ -309,7 +306,8 @@ class RedisStore(RedisReader, RedisInstances):
         token = self._token()
         before = mirror.ver
         now = time.time()
-        due = await self._assert_due(w, mirror, (batch,), now)
+        restarted = predicted is ApplyOutcome.RESTARTED
+        due = await self._directories.before(w.asserted, mirror, (batch,), now, restarted=restarted)
         try:
             plan = mirror.apply(batch, predicted, token, now)
             reply = await self._eval(plan, batch, before, predicted.value, guard)
@@ -317,9 +315,11 @@ class RedisStore(RedisReader, RedisInstances):
             # The write may or may not have landed; only Redis knows: reload on next use.
             w.mirror = None
             raise
-        await self._assert_again(w, due, now)
+        await self._directories.after(w.asserted, due, now)
         if reply.outcome == predicted.value:
             mirror.ver = token
+            if restarted or any(isinstance(e, WorkerCleared) for e in batch.events):
+                await self._directories.cleared(w.keys)
             return predicted
         if reply.outcome in _SKIPPED and reply.next_batch == batch_id(batch):
             # Another writer (or this one, its reply lost and the call retried) applied
@@ -338,39 +338,6 @@ class RedisStore(RedisReader, RedisInstances):
         assert expect is not None  # apply.lua answers "lost" only to a guarded call
         stored = int(reply.next_ver) if reply.next_ver else None
         raise IndexLostError(w.worker, stored, expect)
-
-    async def _assert_due(
-        self, w: _Writer, mirror: Mirror, batches: Sequence[Batch], now: float
-    ) -> list[str]:
-        """Assert the worker in the directory of each session the batches need it for
-        (`directory.sessions_to_assert`), before they are written: one pipeline, only when
-        some session needs it. The sessions asserted."""
-        due = sessions_to_assert(
-            batches, mirror.index.residencies, w.asserted, now - DIRECTORY_TTL / 2
-        )
-        if due:
-            await self._assert(w, due, now)
-        return due
-
-    async def _assert_again(self, w: _Writer, due: list[str], asserted_at: float) -> None:
-        """A write that took longer than half the directory's safe age may have seen a
-        reader prune what was asserted for it: assert it again, now that it is written."""
-        now = time.time()
-        if due and now - asserted_at > SAFE_SECONDS / 2:
-            await self._assert(w, due, now)
-
-    async def _assert(self, w: _Writer, sessions: list[str], now: float) -> None:
-        """The writer's worker in each session's directory set (`_hint`), remembered."""
-        await self._hint(w.member, sessions, now)
-        for sid in sessions:
-            w.asserted[sid] = now
-
-    async def _hint(self, member: str, sessions: list[str], now: float) -> None:
-        """ZADD + EXPIRE of `member` in each session's directory set, one pipeline."""
-        if sessions:
-            pipe = self._pipeline()
-            assert_hints(pipe, self._prefix, member, sessions, now)
-            await pipe.execute()
 
     async def _eval(
         self, plan: Plan, batch: Batch | None, expected: str, predicted: str, guard: str = ""
@@ -397,7 +364,8 @@ class RedisStore(RedisReader, RedisInstances):
             pipe.hgetall(keys.meta)
             pipe.hgetall(keys.parts)
             pipe.hgetall(keys.res)
-            meta, parts, residencies = await pipe.execute()
+            pipe.smembers(keys.firsts)
+            meta, parts, residencies, firsts = await pipe.execute()
             ver = meta.get(b"ver", b"").decode()
             mirror = Mirror(
                 keys, ver, fence_of(meta), has_status=b"since" in meta, indexed=b"idx" in meta
@@ -430,8 +398,8 @@ class RedisStore(RedisReader, RedisInstances):
             for part in mirror.index.by_pid.values():
                 mirror.index.load_orphans(part, map(hash_of, next(rest)))
                 part.pending = {hash_of(m) for m in next(rest)}
-            if mirror.registered and DIRECTORY_MARK not in meta:
-                await self._complete(w, list(mirror.index.residencies))
+            if mirror.registered:
+                await self._directories.loaded(w.asserted, mirror, meta, firsts)
             return mirror
         raise RuntimeError(f"worker {w.worker}: changed on every attempt to load it")
 
@@ -445,18 +413,12 @@ class RedisStore(RedisReader, RedisInstances):
         """A version no other write ever used: this process's random prefix and a counter."""
         return f"{self._token_prefix}{next(self._tokens)}"
 
-    async def _complete(self, w: _Writer, sessions: list[str]) -> None:
-        """Assert the worker for every session it has a residency of, then mark its meta
-        (`dir`): a worker written before the directory existed, once."""
-        await self._assert(w, sessions, time.time())
-        await self._client.hset(w.keys.meta, DIRECTORY_MARK, 1)
-
     async def _register(self, worker: WorkerKey) -> None:
         """Add the worker to the registry, before its first write, so reads never miss it;
         its meta says its directory entries are complete (every residency is new)."""
         pipe = self._pipeline()
         pipe.sadd(self._registry_key, worker_member(worker))
-        pipe.hset(self.worker_keys(worker).meta, DIRECTORY_MARK, 1)
+        self._directories.marks(pipe, self.worker_keys(worker))
         await pipe.execute()
         if self._registry is not None:
             self._registry.add(worker)
@@ -540,6 +502,9 @@ class RedisStore(RedisReader, RedisInstances):
         """DEL of the worker's set keys and residency hash, named by its mirror (no SCAN).
         O(its keys), plus loading the mirror if this process has none."""
         await self._write_op(worker, lambda m, token: (m.clear(token), None), None)
+        mirror = self._writer(worker).mirror
+        if mirror is not None and mirror.registered:
+            await self._directories.cleared(self.worker_keys(worker))
 
     async def remove_worker(self, worker: WorkerKey) -> None:
         """Every key of the worker, named by its mirror, then its registry entry.
@@ -551,22 +516,23 @@ class RedisStore(RedisReader, RedisInstances):
         O(its keys + entries + sessions).
         """
         started = time.time()
-        seen = cast(
-            list[tuple[bytes, float]],
-            await self._client.zrange(self.worker_keys(worker).seen, 0, -1, withscores=True),
-        )
+        keys = self.worker_keys(worker)
+        pipe = self._pipeline()
+        pipe.zrange(keys.seen, 0, -1, withscores=True)
+        pipe.smembers(keys.firsts)
+        seen, firsts = cast(tuple[list[tuple[bytes, float]], set[bytes]], await pipe.execute())
         for start in range(0, len(seen), MAX_ARGS):
             await self._client.zadd(
                 self._retired_key, dict(seen[start : start + MAX_ARGS]), lt=True
             )
         await self._write_op(worker, lambda m, token: (m.remove(), None), None)
         sessions = [sid.decode() for sid, _ in seen]
-        await self._unhint_sessions(worker_member(worker), sessions, started)
+        await self._directories.dropped(worker_member(worker), sessions, firsts, started)
         await self._client.srem(self._registry_key, worker_member(worker))
         if self._registry is not None:
             self._registry.discard(worker)
         self._writers.pop(worker, None)
-        self._migrated.discard(worker)
+        self._directories.forget(worker)
 
     async def expire_sessions(
         self, older_than: float, limit: int, *, written_only: bool = False
@@ -590,7 +556,7 @@ class RedisStore(RedisReader, RedisInstances):
                 more = more or done[1]
         if written_only:
             return Expired(len(dropped), 0, more)
-        await self._complete_directories()
+        await self._directories.complete_others(await self._known(), self.worker_keys)
         sources = await self._seen_sources(None)
         others = [s for s in sources if s.seen not in mine]
         replies = await asyncio.gather(
@@ -618,6 +584,7 @@ class RedisStore(RedisReader, RedisInstances):
             mirror = w.mirror
             if mirror is None or not mirror.registered:
                 return None
+            await self._directories.upkeep(w.asserted, mirror, started)
             due = mirror.index.idle(older_than, limit)
             more = len(due) > limit
             due = due[:limit]
@@ -647,42 +614,10 @@ class RedisStore(RedisReader, RedisInstances):
             mirror.ver = token
             gone = [r.session_id for r in due]
             for sid in gone:
-                w.asserted.pop(sid, None)
-            await self._unhint_sessions(w.member, gone, started)
+                w.asserted.sessions.pop(sid, None)
+            await self._directories.dropped(w.asserted.member, gone, (), started)
             # Those another process dropped already (no residency left) are not counted.
             return [r.session_id for r, raw in zip(due, out[0], strict=True) if raw], more
-
-    async def _unhint_sessions(
-        self, member: str, sessions: list[str], no_newer_than: float
-    ) -> None:
-        """Drop `member` from each session's directory set unless asserted since
-        `no_newer_than` (unhint.lua), one pipeline."""
-        if sessions:
-            args: list[Arg] = [member, repr(no_newer_than)]
-            await self._scripted(
-                self._unhint_script, [([hint_key(self._prefix, sid)], args) for sid in sessions]
-            )
-
-    async def _complete_directories(self) -> None:
-        """Directory entries for the residencies of workers whose writer did not make them:
-        workers written before the directory existed and not loaded by a writer since, or
-        written by an older kvsi during an upgrade. Their meta has no `dir` mark; each is
-        done again only when its version moved since (`dirv`). O(registered workers) once
-        per process, then O(such workers + their residencies) a pass."""
-        todo = [w for w in await self._known() if w not in self._migrated]
-        if not todo:
-            return
-        pipe = self._pipeline()
-        for worker in todo:
-            pipe.hmget(self.worker_keys(worker).meta, [DIRECTORY_MARK, DIRECTORY_DONE_AT, "ver"])
-        for worker, (mark, done_at, ver) in zip(todo, await pipe.execute(), strict=True):
-            if mark is not None:
-                self._migrated.add(worker)
-            elif ver is not None and ver != done_at:
-                keys = self.worker_keys(worker)
-                sessions = cast(list[bytes], await self._client.hkeys(keys.res))
-                await self._hint(worker_member(worker), [s.decode() for s in sessions], time.time())
-                await self._client.hset(keys.meta, DIRECTORY_DONE_AT, ver)
 
     async def _forgotten(self, sources: list[Seen], dropped: list[str]) -> int:
         """How many of the sessions whose residencies were just dropped have no record
