@@ -74,7 +74,7 @@ def build(args: argparse.Namespace, store: MemoryStore, base_rss: int) -> int:
     checkpoints = sorted(int(c) for c in args.checkpoints.split(","))
     entries = applied_since = 0
     spent = 0.0
-    print("| entries | RSS MiB | RSS bytes/entry | apply block-events per CPU s (since the last row) |")
+    print("| entries | RSS MiB | RSS bytes/entry | apply block-events per CPU s (since last) |")
     print("|---:|---:|---:|---:|")
     for w, payload, count in prefill(args.workers, args.sessions, args.blocks, args.seed):
         started = time.thread_time()
