@@ -28,7 +28,7 @@ from kvsi.store.directory import (
 from kvsi.store.model import Batch, Hash, WorkerKey
 from kvsi.store.redis.layout import WorkerKeys, hash_of, member, members, worker_member
 from kvsi.store.redis.mirror import Mirror
-from kvsi.store.redis.plan import Arg
+from kvsi.store.redis.plan import Arg, Plan
 
 Scripted = Callable[[AsyncScript, Sequence[tuple[list[str], list[Arg]]]], Awaitable[list[Any]]]
 
@@ -68,8 +68,11 @@ class Directories:
         scripted: Scripted,
         unhint: AsyncScript,
         mark: AsyncScript,
+        *,
+        inline: bool,
     ) -> None:
         self._client = client
+        self._inline = inline
         self._prefix = prefix
         self._scripted = scripted
         self._unhint = unhint
@@ -91,21 +94,43 @@ class Directories:
         *,
         restarted: bool = False,
     ) -> Due:
-        """Assert what the batches need (`sessions_to_assert`, `firsts_to_assert`) before
-        they are written: one pipeline, only when something is due."""
+        """What the batches need asserted (`sessions_to_assert`, `firsts_to_assert`). On a
+        cluster it is written here, before the batches, in one pipeline (only when something
+        is due); on a standalone server it rides in the batches' own call (`inline`)."""
         refresh = now - DIRECTORY_TTL / 2
         due = Due(
             sessions_to_assert(batches, mirror.index.residencies, state.sessions, refresh),
             firsts_to_assert(batches, _holds(mirror), state.firsts, refresh, restarted=restarted),
         )
-        await self.write(state, due, now)
+        if not self._inline:
+            await self.write(state, due, now)
         return due
+
+    def inline(self, plan: Plan, state: Asserted, due: Due, now: float) -> None:
+        """On a standalone server, the asserts as ops of the write's own apply.lua call:
+        written atomically with it, or not at all (no slots to keep apart there)."""
+        if not self._inline:
+            return
+        ttl = int(DIRECTORY_TTL)
+        marked = members(due.firsts)
+        keys = [hint_key(self._prefix, sid) for sid in due.sessions]
+        keys += [block_key(self._prefix, m) for m in marked]
+        for key in keys:
+            plan.call("z", key, [now, state.member])
+            plan.call("e", key, [ttl])
+        if marked:
+            plan.call("a", state.key.firsts, marked)
+
+    def applied(self, state: Asserted, due: Due, now: float) -> None:
+        """The write landed: its inline asserts with it."""
+        if self._inline:
+            self._remember(state, due, now)
 
     async def after(self, state: Asserted, due: Due, asserted_at: float) -> None:
         """A write that took longer than half the safe age may have let a reader prune what
-        was asserted for it: assert it again, now that it is written."""
+        was asserted for it before it (on a cluster): assert it again, now it is written."""
         now = time.time()
-        if now - asserted_at > SAFE_SECONDS / 2:
+        if not self._inline and now - asserted_at > SAFE_SECONDS / 2:
             await self.write(state, due, now)
 
     async def write(self, state: Asserted, due: Due, now: float) -> None:
@@ -121,6 +146,10 @@ class Directories:
             assert_hints(pipe, (block_key(prefix, m) for m in marked), state.member, now)
             pipe.sadd(state.key.firsts, *marked)
         await pipe.execute()
+        self._remember(state, due, now)
+
+    @staticmethod
+    def _remember(state: Asserted, due: Due, now: float) -> None:
         for sid in due.sessions:
             state.sessions[sid] = now
         for h in due.firsts:

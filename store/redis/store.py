@@ -161,6 +161,7 @@ class RedisStore(RedisReader, RedisInstances):
             self._scripted,
             self._unhint_script,
             client.register_script(lua("mark")),
+            inline=self._direct is not None,
         )
         self._writers: dict[WorkerKey, _Writer] = {}
         self._token_prefix = secrets.token_hex(6) + "."
@@ -270,19 +271,22 @@ class RedisStore(RedisReader, RedisInstances):
         plan = Plan(w.keys)
         now = time.time()
         guard = _guard(expect)
-        due = await self._directories.before(w.asserted, mirror, batches, now)
+        directories = self._directories
         try:
+            due = await directories.before(w.asserted, mirror, batches, now)
             for i, batch in enumerate(batches, 1):
                 token = self._token()
                 last = i == len(batches)  # the index's changes of the run go in once, at the end
                 plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=last))
                 mirror.ver = token  # the next batch's version log entry follows this one
+            directories.inline(plan, w.asserted, due, now)
             reply = await self._eval(plan, batches[0], before, "applied", guard)
         except BaseException:
             w.mirror = None
             raise
-        await self._directories.after(w.asserted, due, now)
+        await directories.after(w.asserted, due, now)
         if reply.outcome == "applied":
+            directories.applied(w.asserted, due, now)
             return [ApplyOutcome.APPLIED] * len(batches)
         w.mirror = None
         if reply.outcome == "lost":
@@ -307,19 +311,22 @@ class RedisStore(RedisReader, RedisInstances):
         before = mirror.ver
         now = time.time()
         restarted = predicted is ApplyOutcome.RESTARTED
-        due = await self._directories.before(w.asserted, mirror, (batch,), now, restarted=restarted)
+        directories = self._directories
         try:
+            due = await directories.before(w.asserted, mirror, (batch,), now, restarted=restarted)
             plan = mirror.apply(batch, predicted, token, now)
+            directories.inline(plan, w.asserted, due, now)
             reply = await self._eval(plan, batch, before, predicted.value, guard)
         except BaseException:
             # The write may or may not have landed; only Redis knows: reload on next use.
             w.mirror = None
             raise
-        await self._directories.after(w.asserted, due, now)
+        await directories.after(w.asserted, due, now)
         if reply.outcome == predicted.value:
             mirror.ver = token
+            directories.applied(w.asserted, due, now)
             if restarted or any(isinstance(e, WorkerCleared) for e in batch.events):
-                await self._directories.cleared(w.keys)
+                await directories.cleared(w.keys)
             return predicted
         if reply.outcome in _SKIPPED and reply.next_batch == batch_id(batch):
             # Another writer (or this one, its reply lost and the call retried) applied

@@ -34,7 +34,7 @@ from kvsi.store.model import (
 from kvsi.store.records import Residency
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys, worker_member
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterServers, RedisServer
 from tests.store.conftest import MakeStore
 
 WORKERS = [WorkerKey(f"pod-{i}", 0) for i in range(40)]
@@ -301,22 +301,43 @@ def crash_apply(store: RedisStore, *, after: bool) -> None:
     store._apply_call = once
 
 
-async def test_a_write_that_never_landed_leaves_an_entry_pruned_once_old(
-    make_store: MakeStore, raw: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+async def named(store: RedisStore, key: str) -> set[str]:
+    """The members of a directory set, through the store's own client (either server)."""
+    return {m.decode() for m in await store._client.zrange(key, 0, -1)}
+
+
+async def test_a_write_that_never_landed_leaves_an_entry_pruned_once_old_on_a_cluster(
+    make_store: MakeStore,
+    redis_cluster: RedisClusterServers,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    writer, reader = await make_store(), await make_store()
+    writer, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
     await writer.apply(WORKERS[0], Batch(0, 10.0, [stored([1], "other")]))
     crash_apply(writer, after=False)
     with pytest.raises(Crash):
         await writer.apply(WORKERS[0], Batch(1, 11.0, [stored([2], "s")]))
+    key = hint_key(prefix, "s")
 
-    assert hinted(raw, prefix, "s") == {"pod-0/0"}, "asserted before the write"
+    assert await named(writer, key) == {"pod-0/0"}, "asserted before the write"
     assert await reader.get_session("s") is None
-    assert hinted(raw, prefix, "s") == {"pod-0/0"}, "young: its write may be in flight"
+    assert await named(writer, key) == {"pod-0/0"}, "young: its write may be in flight"
 
     monkeypatch.setattr(reads_module, "SAFE_SECONDS", -1.0)
     assert await reader.get_session("s") is None
-    assert hinted(raw, prefix, "s") == set(), "old and no residency: pruned"
+    assert await named(writer, key) == set(), "old and no residency: pruned"
+
+
+async def test_on_a_standalone_server_the_asserts_land_with_the_write_or_not_at_all(
+    make_store: MakeStore, raw: redis.Redis, prefix: str
+) -> None:
+    writer = await make_store()
+    crash_apply(writer, after=False)
+    with pytest.raises(Crash):
+        await writer.apply(WORKERS[0], Batch(0, 10.0, [started([1, 2], "s")]))
+    assert hinted(raw, prefix, "s") == set() and block_hinted(raw, prefix, 1) == set()
+    await writer.apply(WORKERS[0], Batch(0, 10.0, [started([1, 2], "s")]))
+    assert hinted(raw, prefix, "s") == {"pod-0/0"} and block_hinted(raw, prefix, 1) == {"pod-0/0"}
 
 
 async def test_a_young_entry_of_a_write_in_flight_survives_a_read(
@@ -332,17 +353,17 @@ async def test_a_young_entry_of_a_write_in_flight_survives_a_read(
     assert view is not None and view.total_blocks == 1
 
 
-async def _truth_holders(raw: redis.Redis, prefix: str, session: str) -> set[str]:
+async def _truth_holders(store: RedisStore, prefix: str, session: str) -> set[str]:
     found = set()
     for worker in WORKERS[:3]:
-        if raw.hexists(WorkerKeys(prefix, worker).res, session):
+        if await store._client.hexists(WorkerKeys(prefix, worker).res, session):
             found.add(worker_member(worker))
     return found
 
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_crashes_between_the_writes_never_hide_a_residency(
-    make_store: MakeStore, raw: redis.Redis, prefix: str, seed: int
+    make_store: MakeStore, server_url: str, prefix: str, seed: int
 ) -> None:
     """Random batches on 3 workers, each write crashing at random before apply.lua, after it
     landed, or not at all; after a crash a new process (no mirror, nothing asserted)
@@ -352,7 +373,8 @@ async def test_crashes_between_the_writes_never_hide_a_residency(
     rng = random.Random(seed)
     sessions = [f"s{i}" for i in range(8)]
     truth = MemoryStore()
-    stores = {w: await make_store() for w in WORKERS[:3]}
+    stores = {w: await make_store(server_url) for w in WORKERS[:3]}
+    looker = await make_store(server_url)
     seqs = dict.fromkeys(WORKERS[:3], 0)
     resident: dict[WorkerKey, list[int]] = {w: [] for w in WORKERS[:3]}
     firsts: list[int] = []
@@ -380,16 +402,16 @@ async def test_crashes_between_the_writes_never_hide_a_residency(
             crash_apply(stores[worker], after=fate == "after")
             with pytest.raises(Crash):
                 await stores[worker].apply(worker, batch)
-            stores[worker] = await make_store()  # a new process takes over
+            stores[worker] = await make_store(server_url)  # a new process takes over
         await stores[worker].apply(worker, batch)
         truth.apply_now(worker, batch)
         for session in sessions:
-            holders = await _truth_holders(raw, prefix, session)
-            assert holders <= hinted(raw, prefix, session), (step, session)
+            holders = await _truth_holders(looker, prefix, session)
+            assert holders <= await named(looker, hint_key(prefix, session)), (step, session)
         for h in firsts:
             holding = {worker_member(w) for w in WORKERS[:3] if h in resident[w]}
-            assert holding <= block_hinted(raw, prefix, h), (step, h)
-    reader = await make_store()
+            assert holding <= await named(looker, block_key(prefix, h)), (step, h)
+    reader = await make_store(server_url)
     for session in sessions:
         expected, got = await truth.get_session(session), await reader.get_session(session)
         assert (got is None) == (expected is None), session
