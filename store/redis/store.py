@@ -575,10 +575,13 @@ class RedisStore(RedisReader, RedisInstances):
                 for s in others
             )
         )
-        for reply in replies:
+        records = 0  # the retired record's drops are records of sessions, not residencies
+        for source, reply in zip(others, replies, strict=True):
             more = more or reply[0] == b"1"
             dropped += [sid.decode() for sid in reply[1:]]
-        return Expired(len(dropped), await self._forgotten(sources, dropped), more)
+            if source.res is None:
+                records += len(reply) - 1
+        return Expired(len(dropped) - records, await self._forgotten(sources, dropped), more)
 
     async def _expire_written(
         self, w: _Writer, older_than: float, limit: int
