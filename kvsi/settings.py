@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from kvsi.errors import StartupError, describe_settings_error, describe_validation
+from kvsi.store.directory import MAX_IDLE_SECONDS
 from kvsi.store.endpoints import zmq_endpoint
 
 POD_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -277,6 +278,17 @@ class Settings(BaseSettings):
         last = self.demo_base_port + 2 * self.demo_pods - 1
         if self.demo_base_port and last > 65535:
             raise ValueError(f"demo_base_port: {self.demo_pods} demo pods need ports up to {last}")
+        return self
+
+    @model_validator(mode="after")
+    def _idle_within_the_directory(self) -> Settings:
+        # A Redis session directory entry outlives its writer's last assert by a bounded
+        # time (store/redis/directory.py); a residency must expire before its entry can.
+        if self.store != "memory" and self.session_idle_seconds > MAX_IDLE_SECONDS:
+            raise ValueError(
+                f"session_idle_seconds: at most {MAX_IDLE_SECONDS:.0f} on Redis (a session "
+                "directory entry must outlive the residency it names)"
+            )
         return self
 
     @model_validator(mode="after")

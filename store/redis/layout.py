@@ -98,7 +98,7 @@ class WorkerKeys:
     and a session id (which may hold braces) only ever comes after them.
     """
 
-    __slots__ = ("base", "feed", "meta", "parts", "res", "seen", "vlog", "worker")
+    __slots__ = ("base", "feed", "firsts", "meta", "parts", "res", "seen", "vlog", "worker")
 
     def __init__(self, prefix: str, worker: WorkerKey) -> None:
         if "{" in worker.pod or "}" in worker.pod:
@@ -111,6 +111,9 @@ class WorkerKeys:
         self.seen = self.base + "seen"
         self.res = self.base + "res"
         self.feed = self.base + "feed"
+        self.firsts = self.base + "f"
+        """First blocks its writers asserted in the block directory (a superset of those it
+        holds: kept up by the writer's upkeep, read back by a writer's load)."""
 
     def session(self, pid: int, session_id: str) -> str:
         """The session's entries in one part of the worker (medium, group)."""

@@ -382,7 +382,18 @@ class Mirror:
         index.residencies.clear()
         keys = self.keys
         plan = Plan(keys)
-        plan.delete([*deletes, keys.meta, keys.vlog, keys.parts, keys.seen, keys.res, keys.feed])
+        plan.delete(
+            [
+                *deletes,
+                keys.meta,
+                keys.vlog,
+                keys.parts,
+                keys.seen,
+                keys.res,
+                keys.feed,
+                keys.firsts,
+            ]
+        )
         return plan
 
     def expire(self, due: list[tuple[MirrorResidency, dict[int, list[Hash]]]], token: str) -> Plan:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
 from importlib import resources
 from typing import Any, NamedTuple, cast
 
@@ -19,6 +19,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from kvsi.store.directory import BLOCK_DIRECTORY_MARK, SAFE_SECONDS, block_key, hint_key
 from kvsi.store.feed import FeedHub
 from kvsi.store.model import (
     Fence,
@@ -56,7 +57,9 @@ from kvsi.store.redis.layout import (
     member,
     parse_worker,
     registry_key,
+    residency_time,
     retired_key,
+    worker_member,
 )
 from kvsi.store.redis.plan import MAX_ARGS, Arg
 
@@ -236,22 +239,6 @@ class SharedCall:
             task.exception()  # retrieved here too: every waiter may have been cancelled
 
 
-class _KeyCache:
-    """A script's KEYS for the last list of workers asked. Reads ask for every registered
-    worker, a list that rarely changes; building its 100-300 names per request cost more
-    client CPU than the rest of a lookup."""
-
-    def __init__(self, build: Callable[[list[WorkerKey]], list[str]]) -> None:
-        self._build = build
-        self._workers: list[WorkerKey] | None = None
-        self._names: list[str] = []
-
-    def __call__(self, workers: list[WorkerKey]) -> list[str]:
-        if workers != self._workers:
-            self._workers, self._names = list(workers), self._build(workers)
-        return self._names
-
-
 class RedisReader:
     """Reads of the index (the read half of the IndexStore contract) over a Redis client."""
 
@@ -273,8 +260,10 @@ class RedisReader:
         self._prefix_script: AsyncScript = client.register_script(lua("prefix"))
         self._locate_script: AsyncScript = client.register_script(lua("locate"))
         self._losses_script: AsyncScript = client.register_script(lua("losses"))
-        self._locate_keys = _KeyCache(self._locate_names)
-        self._parts_keys = _KeyCache(lambda workers: [self.worker_keys(w).parts for w in workers])
+        self._unhint_script: AsyncScript = client.register_script(lua("unhint"))
+        self._block_marked: set[WorkerKey] = set()
+        """Workers whose meta says the block directory holds all their first blocks."""
+        self._legacy_at = -math.inf
         self._states: dict[WorkerKey, WorkerState] = {}
         self._states_at = -math.inf
         self._registry_refresh = SharedCall(self._read_registry)
@@ -355,53 +344,65 @@ class RedisReader:
 
     async def _locate(self, session_id: str) -> tuple[float, list[Located]] | None:
         """The session's last_seen and its residency per worker holding a record of it, with
-        the parts hash of those holding blocks; None if never seen. On a cluster: ZSCORE of
-        the retired record, ZSCORE and HGET per registered worker, in one pipeline, then
-        HGETALL of the holders' parts hashes in another (a session sits on a few of the
-        workers, and reading every worker's made a third of a fleet-wide query)."""
-        workers = await self._known()
+        the parts hash of those holding blocks; None if never seen. Only the workers the
+        session's directory set names are read (`directory.py`), pruning the entries it no
+        longer needs. On a cluster: ZSCORE of the retired record and the directory set in one
+        pipeline, then HGET of the residency and HGETALL of the parts hash per named worker
+        in another."""
+        prune = time.time() - SAFE_SECONDS
+        key = hint_key(self._prefix, session_id)
         if self._reads is not None:
-            return await self._locate_in_one_call(self._reads, workers, session_id)
+            return await self._locate_in_one_call(self._reads, key, session_id, prune)
         pipe = self._pipeline()
         pipe.zscore(self._retired_key, session_id)
-        for w in workers:
-            keys = self.worker_keys(w)
-            pipe.zscore(keys.seen, session_id)
-            pipe.hget(keys.res, session_id)
-        retired, *out = await pipe.execute()
-        scores = [s for s in [retired, *out[0::2]] if s is not None]
-        if not scores:
-            return None
-        found = [(w, raw) for w, raw in zip(workers, out[1::2], strict=True) if raw is not None]
-        holders = [w for w, raw in found if b" " in raw]  # a space: it holds blocks
+        pipe.zrange(key, 0, -1, withscores=True)
+        retired, hinted = await pipe.execute()
         pipe = self._pipeline()
-        for w in holders:
-            pipe.hgetall(self.worker_keys(w).parts)
-        parts = dict(zip(holders, await pipe.execute() if holders else [], strict=True))
-        return -min(scores), [Located(w, raw, parts.get(w, {})) for w, raw in found]
-
-    async def _locate_in_one_call(
-        self, reads: _ReadConnections, workers: list[WorkerKey], session_id: str
-    ) -> tuple[float, list[Located]] | None:
-        """`_locate` on a standalone server: locate.lua, one reply for every worker (redis-py
-        spends client CPU on every reply it parses: a pipeline of one read per worker cost
-        milliseconds a lookup at 100 workers)."""
-        keys = self._locate_keys(workers)
-        retired, *hits = await reads.evalsha(self._locate_script, keys, [session_id])
-        seen = [-float(retired)] if retired else []
+        for raw, _ in hinted:
+            keys = self.worker_keys(parse_worker(raw))
+            pipe.hget(keys.res, session_id)
+            pipe.hgetall(keys.parts)
+        out = await pipe.execute() if hinted else []
+        seen = [-float(retired)] if retired is not None else []
         located = []
-        for i, raw, parts in zip(hits[0::3], hits[1::3], hits[2::3], strict=True):
-            seen.append(decode_residency(raw)[0])  # its last store there (see locate.lua)
-            located.append(
-                Located(workers[i - 1], raw, dict(zip(parts[0::2], parts[1::2], strict=True)))
-            )
+        stale = []
+        for (raw, score), res, parts in zip(hinted, out[0::2], out[1::2], strict=True):
+            if res is not None:
+                seen.append(residency_time(res))
+                located.append(Located(parse_worker(raw), res, parts if b" " in res else {}))
+            elif score < prune:
+                stale.append(raw.decode())
+        if stale:
+            await self._prune(key, stale, prune)
         if not seen:
             return None
         return max(seen), located
 
-    def _locate_names(self, workers: list[WorkerKey]) -> list[str]:
-        """locate.lua's KEYS: the retired record, then each worker's residencies."""
-        return [self._retired_key, *(self.worker_keys(w).res for w in workers)]
+    async def _prune(self, key: str, members: list[str], no_newer_than: float) -> None:
+        """Drop directory entries a read found stale (unhint.lua, one pipeline)."""
+        await self._scripted(
+            self._unhint_script, [([key], [m, repr(no_newer_than)]) for m in members]
+        )
+
+    async def _locate_in_one_call(
+        self, reads: _ReadConnections, key: str, session_id: str, prune: float
+    ) -> tuple[float, list[Located]] | None:
+        """`_locate` on a standalone server: locate.lua reads the directory and the workers
+        it names in one call, pruning as it goes (redis-py spends client CPU on every reply
+        it parses)."""
+        retired, *hits = await reads.evalsha(
+            self._locate_script, [self._retired_key, key], [session_id, self._prefix, prune]
+        )
+        seen = [-float(retired)] if retired else []
+        located = []
+        for w, raw, parts in zip(hits[0::3], hits[1::3], hits[2::3], strict=True):
+            seen.append(decode_residency(raw)[0])  # its last store there (see locate.lua)
+            located.append(
+                Located(parse_worker(w), raw, dict(zip(parts[0::2], parts[1::2], strict=True)))
+            )
+        if not seen:
+            return None
+        return max(seen), located
 
     async def session_blocks(
         self,
@@ -757,14 +758,15 @@ class RedisReader:
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
-        """prefix.lua over the chosen workers: one call for all of them on a standalone
-        server (one reply), one per worker on a cluster, in one pipeline (one round trip per
-        node).
+        """prefix.lua over the workers that may hold the prompt's first block: those its
+        block directory set names ("Redis: directories"), plus any chosen worker from before
+        the directory (`_legacy`), within the chosen ones. On a standalone server one call
+        (the script reads the set and prunes it); on a cluster ZRANGE of the set, then one
+        call per candidate in one pipeline (one round trip per node), then the prune.
 
-        A call declares each worker's parts hash; the script walks the prompt's hashes in
-        order with SISMEMBER on each part's entry-index bucket until the first one no part
-        holds, and answers only for the workers holding the first. O(workers x matched x
-        parts).
+        The script walks the prompt's hashes in order with SISMEMBER on each part's
+        entry-index bucket until the first one no part holds, and answers only for the
+        workers holding the first. O(candidates x matched x parts).
         """
         known = await self._known()
         if workers is None:
@@ -778,19 +780,71 @@ class RedisReader:
         args: list[Arg] = []
         for h in hashes:
             args += (member(h), bucket(h))
+        prune = time.time() - SAFE_SECONDS
+        directory = block_key(self._prefix, member(hashes[0]))
+        legacy = [w for w in await self._legacy(known) if w in out]
         if self._reads is not None:
-            reply = await self._reads.evalsha(self._prefix_script, self._parts_keys(chosen), args)
-            hits = [
-                (chosen[i - 1], matched)
-                for i, matched in zip(reply[0::2], reply[1::2], strict=True)
-            ]
+            keys = [directory, *(self.worker_keys(w).parts for w in legacy)]
+            reply = await self._reads.evalsha(
+                self._prefix_script, keys, [self._prefix, prune, "1", *args]
+            )
         else:
-            calls = [([self.worker_keys(w).parts], args) for w in chosen]
-            replies = await self._scripted(self._prefix_script, calls)
-            hits = [(w, reply[1]) for w, reply in zip(chosen, replies, strict=True) if reply]
-        for w, matched in hits:
-            out[w] = [tuple(sorted(m.decode() for m in held)) for held in matched]
+            reply = await self._prefix_on_cluster(directory, out, legacy, args, prune)
+        for raw, matched in zip(reply[0::2], reply[1::2], strict=True):
+            w = parse_worker(raw)
+            if w in out:
+                out[w] = [tuple(sorted(m.decode() for m in held)) for held in matched]
         return out
+
+    async def _prefix_on_cluster(
+        self,
+        directory: str,
+        chosen: Container[WorkerKey],
+        legacy: list[WorkerKey],
+        args: list[Arg],
+        prune: float,
+    ) -> list[Any]:
+        """`match_prefix` on a cluster: the candidates from the set, then prefix.lua per
+        candidate (its keys share its slot), then unhint.lua for the set's stale entries.
+        The replies flattened as prefix.lua's (`worker, matched, ...`)."""
+        named = cast(
+            list[tuple[bytes, float]], await self._client.zrange(directory, 0, -1, withscores=True)
+        )
+        scores = {parse_worker(raw): score for raw, score in named}
+        candidates = list(dict.fromkeys([*(w for w in scores if w in chosen), *legacy]))
+        head: list[Arg] = [self._prefix, prune, "0"]
+        calls = [([self.worker_keys(w).parts], head + args) for w in candidates]
+        replies = await self._scripted(self._prefix_script, calls) if calls else []
+        flat: list[Any] = []
+        holding = set()
+        for w, reply in zip(candidates, replies, strict=True):
+            if reply:
+                flat += reply
+                holding.add(w)
+        stale = [
+            worker_member(w)
+            for w, score in scores.items()
+            if w not in holding and score < prune and w in chosen
+        ]
+        if stale:
+            await self._prune(directory, stale, prune)
+        return flat
+
+    async def _legacy(self, known: list[WorkerKey]) -> list[WorkerKey]:
+        """Registered workers whose first blocks may be missing from the block directory
+        (meta without `bdir`: written before it existed, and not cleared since). Marked
+        workers are remembered; the others are asked again at most every `registry_ttl`."""
+        unknown = [w for w in known if w not in self._block_marked]
+        now = time.monotonic()
+        if unknown and now - self._legacy_at >= self._registry_ttl:
+            pipe = self._pipeline()
+            for w in unknown:
+                pipe.hget(self.worker_keys(w).meta, BLOCK_DIRECTORY_MARK)
+            marks = await pipe.execute()
+            self._block_marked.update(w for w, mark in zip(unknown, marks, strict=True) if mark)
+            self._legacy_at = now
+            unknown = [w for w in unknown if w not in self._block_marked]
+        return unknown
 
     async def _scripted(
         self, script: Any, calls: Sequence[tuple[list[str], list[Arg]]]

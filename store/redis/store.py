@@ -33,11 +33,13 @@ from kvsi.store.model import (
     Expired,
     Fence,
     IndexLostError,
+    WorkerCleared,
     WorkerKey,
     WorkerStatus,
     advance,
     decide,
 )
+from kvsi.store.redis.directories import Asserted, Directories
 from kvsi.store.redis.instances import RedisInstances
 from kvsi.store.redis.layout import (
     DEFAULT_PREFIX,
@@ -116,15 +118,17 @@ class _Reply(NamedTuple):
 
 
 class _Writer:
-    """This process's write state for one worker: its keys, its mirror, one write at a time."""
+    """This process's write state for one worker: its keys, its mirror, one write at a time,
+    and what it asserted in the directories."""
 
-    __slots__ = ("keys", "lock", "mirror", "worker")
+    __slots__ = ("asserted", "keys", "lock", "mirror", "worker")
 
     def __init__(self, worker: WorkerKey, keys: WorkerKeys) -> None:
         self.worker = worker
         self.keys = keys
         self.lock = asyncio.Lock()
         self.mirror: Mirror | None = None
+        self.asserted = Asserted(keys)
 
 
 class RedisStore(RedisReader, RedisInstances):
@@ -151,6 +155,14 @@ class RedisStore(RedisReader, RedisInstances):
         else:
             self._apply_call = self._direct
         self._expire_script: AsyncScript = client.register_script(lua("expire"))
+        self._directories = Directories(
+            client,
+            self._prefix,
+            self._scripted,
+            self._unhint_script,
+            client.register_script(lua("mark")),
+            inline=self._direct is not None,
+        )
         self._writers: dict[WorkerKey, _Writer] = {}
         self._token_prefix = secrets.token_hex(6) + "."
         self._tokens = itertools.count()
@@ -259,17 +271,22 @@ class RedisStore(RedisReader, RedisInstances):
         plan = Plan(w.keys)
         now = time.time()
         guard = _guard(expect)
+        directories = self._directories
         try:
+            due = await directories.before(w.asserted, mirror, batches, now)
             for i, batch in enumerate(batches, 1):
                 token = self._token()
                 last = i == len(batches)  # the index's changes of the run go in once, at the end
                 plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=last))
                 mirror.ver = token  # the next batch's version log entry follows this one
+            directories.inline(plan, w.asserted, due, now)
             reply = await self._eval(plan, batches[0], before, "applied", guard)
         except BaseException:
             w.mirror = None
             raise
+        await directories.after(w.asserted, due, now)
         if reply.outcome == "applied":
+            directories.applied(w.asserted, due, now)
             return [ApplyOutcome.APPLIED] * len(batches)
         w.mirror = None
         if reply.outcome == "lost":
@@ -292,15 +309,24 @@ class RedisStore(RedisReader, RedisInstances):
             mirror.registered = True
         token = self._token()
         before = mirror.ver
+        now = time.time()
+        restarted = predicted is ApplyOutcome.RESTARTED
+        directories = self._directories
         try:
-            plan = mirror.apply(batch, predicted, token, time.time())
+            due = await directories.before(w.asserted, mirror, (batch,), now, restarted=restarted)
+            plan = mirror.apply(batch, predicted, token, now)
+            directories.inline(plan, w.asserted, due, now)
             reply = await self._eval(plan, batch, before, predicted.value, guard)
         except BaseException:
             # The write may or may not have landed; only Redis knows: reload on next use.
             w.mirror = None
             raise
+        await directories.after(w.asserted, due, now)
         if reply.outcome == predicted.value:
             mirror.ver = token
+            directories.applied(w.asserted, due, now)
+            if restarted or any(isinstance(e, WorkerCleared) for e in batch.events):
+                await directories.cleared(w.keys)
             return predicted
         if reply.outcome in _SKIPPED and reply.next_batch == batch_id(batch):
             # Another writer (or this one, its reply lost and the call retried) applied
@@ -345,7 +371,8 @@ class RedisStore(RedisReader, RedisInstances):
             pipe.hgetall(keys.meta)
             pipe.hgetall(keys.parts)
             pipe.hgetall(keys.res)
-            meta, parts, residencies = await pipe.execute()
+            pipe.smembers(keys.firsts)
+            meta, parts, residencies, firsts = await pipe.execute()
             ver = meta.get(b"ver", b"").decode()
             mirror = Mirror(
                 keys, ver, fence_of(meta), has_status=b"since" in meta, indexed=b"idx" in meta
@@ -378,6 +405,8 @@ class RedisStore(RedisReader, RedisInstances):
             for part in mirror.index.by_pid.values():
                 mirror.index.load_orphans(part, map(hash_of, next(rest)))
                 part.pending = {hash_of(m) for m in next(rest)}
+            if mirror.registered:
+                await self._directories.loaded(w.asserted, mirror, meta, firsts)
             return mirror
         raise RuntimeError(f"worker {w.worker}: changed on every attempt to load it")
 
@@ -392,8 +421,12 @@ class RedisStore(RedisReader, RedisInstances):
         return f"{self._token_prefix}{next(self._tokens)}"
 
     async def _register(self, worker: WorkerKey) -> None:
-        """Add the worker to the registry, before its first write, so reads never miss it."""
-        await self._client.sadd(self._registry_key, worker_member(worker))
+        """Add the worker to the registry, before its first write, so reads never miss it;
+        its meta says its directory entries are complete (every residency is new)."""
+        pipe = self._pipeline()
+        pipe.sadd(self._registry_key, worker_member(worker))
+        self._directories.marks(pipe, self.worker_keys(worker))
+        await pipe.execute()
         if self._registry is not None:
             self._registry.add(worker)
 
@@ -476,6 +509,9 @@ class RedisStore(RedisReader, RedisInstances):
         """DEL of the worker's set keys and residency hash, named by its mirror (no SCAN).
         O(its keys), plus loading the mirror if this process has none."""
         await self._write_op(worker, lambda m, token: (m.clear(token), None), None)
+        mirror = self._writer(worker).mirror
+        if mirror is not None and mirror.registered:
+            await self._directories.cleared(self.worker_keys(worker))
 
     async def remove_worker(self, worker: WorkerKey) -> None:
         """Every key of the worker, named by its mirror, then its registry entry.
@@ -486,19 +522,24 @@ class RedisStore(RedisReader, RedisInstances):
         session first seen on it between the copy and the removal is forgotten early.
         O(its keys + entries + sessions).
         """
-        seen = cast(
-            list[tuple[bytes, float]],
-            await self._client.zrange(self.worker_keys(worker).seen, 0, -1, withscores=True),
-        )
+        started = time.time()
+        keys = self.worker_keys(worker)
+        pipe = self._pipeline()
+        pipe.zrange(keys.seen, 0, -1, withscores=True)
+        pipe.smembers(keys.firsts)
+        seen, firsts = cast(tuple[list[tuple[bytes, float]], set[bytes]], await pipe.execute())
         for start in range(0, len(seen), MAX_ARGS):
             await self._client.zadd(
                 self._retired_key, dict(seen[start : start + MAX_ARGS]), lt=True
             )
         await self._write_op(worker, lambda m, token: (m.remove(), None), None)
+        sessions = [sid.decode() for sid, _ in seen]
+        await self._directories.dropped(worker_member(worker), sessions, firsts, started)
         await self._client.srem(self._registry_key, worker_member(worker))
         if self._registry is not None:
             self._registry.discard(worker)
         self._writers.pop(worker, None)
+        self._directories.forget(worker)
 
     async def expire_sessions(
         self, older_than: float, limit: int, *, written_only: bool = False
@@ -522,6 +563,7 @@ class RedisStore(RedisReader, RedisInstances):
                 more = more or done[1]
         if written_only:
             return Expired(len(dropped), 0, more)
+        await self._directories.complete_others(await self._known(), self.worker_keys)
         sources = await self._seen_sources(None)
         others = [s for s in sources if s.seen not in mine]
         replies = await asyncio.gather(
@@ -533,10 +575,13 @@ class RedisStore(RedisReader, RedisInstances):
                 for s in others
             )
         )
-        for reply in replies:
+        records = 0  # the retired record's drops are records of sessions, not residencies
+        for source, reply in zip(others, replies, strict=True):
             more = more or reply[0] == b"1"
             dropped += [sid.decode() for sid in reply[1:]]
-        return Expired(len(dropped), await self._forgotten(sources, dropped), more)
+            if source.res is None:
+                records += len(reply) - 1
+        return Expired(len(dropped) - records, await self._forgotten(sources, dropped), more)
 
     async def _expire_written(
         self, w: _Writer, older_than: float, limit: int
@@ -544,10 +589,12 @@ class RedisStore(RedisReader, RedisInstances):
         """Drop up to `limit` idle residencies of a worker through its writer's mirror,
         guarded by the version like any write; None if this process has no current mirror
         (a stale one is dropped: the worker's next batch loads it again)."""
+        started = time.time()
         async with w.lock:  # no write of this worker runs meanwhile
             mirror = w.mirror
             if mirror is None or not mirror.registered:
                 return None
+            await self._directories.upkeep(w.asserted, mirror, started)
             due = mirror.index.idle(older_than, limit)
             more = len(due) > limit
             due = due[:limit]
@@ -575,6 +622,10 @@ class RedisStore(RedisReader, RedisInstances):
                 w.mirror = None
                 return None
             mirror.ver = token
+            gone = [r.session_id for r in due]
+            for sid in gone:
+                w.asserted.sessions.pop(sid, None)
+            await self._directories.dropped(w.asserted.member, gone, (), started)
             # Those another process dropped already (no residency left) are not counted.
             return [r.session_id for r, raw in zip(due, out[0], strict=True) if raw], more
 

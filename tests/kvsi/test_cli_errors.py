@@ -72,6 +72,12 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ),
     ("pod-no-endpoint", ["serve", "--pod", "a"], {}, "--pod 'a': expected NAME=ENDPOINT"),
     (
+        "idle-past-the-session-directory",
+        ["serve", "--store", "redis://127.0.0.1:1/0"],
+        {"KVSI_SESSION_IDLE_SECONDS": "90000"},
+        "session_idle_seconds: at most 86400 on Redis",
+    ),
+    (
         "pod-twice",
         ["serve", "--pod", "a=tcp://127.0.0.1:1", "--pod", "a=tcp://127.0.0.1:2"],
         {},

@@ -1,7 +1,9 @@
 -- A guarded write to one worker: the fence rule and the version check, then plain writes.
 -- KEYS[1]    the worker's meta hash (fields seq, epoch, last_ts: the fence; ver: the version)
 -- KEYS[2]    the worker's version log, newest first: "<previous ver> <new ver> <batch id>"
--- KEYS[3..]  further keys of the same worker, taken in order by the ops
+-- KEYS[3..]  further keys of the same worker, taken in order by the ops; on a standalone
+--            server also the directories' sets a write asserts (store/README.md "Redis:
+--            directories"), which only a server without slots lets one script write
 -- ARGV[1]    "batch" (store.model.decide's fence rule applies) or "op" (version check only)
 -- ARGV[2]    the batch's seq ("" for op); compared as a Lua number, exact below 2^53
 -- ARGV[3]    the batch's ts ("" for op)
@@ -29,6 +31,7 @@
 local CMD = {
   a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX', H = 'HDEL',
   z = 'ZADD', Z = 'ZREM', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
+  e = 'EXPIRE',
 }
 local ONE = {R = 'SREM'}
 local CHUNK = 4000

@@ -1,0 +1,130 @@
+"""Does a session lookup or a prefix match cost the same at 1,000 workers as at 10?
+
+Run: `.venv/bin/python bench/directory_reads.py` (see bench/README.md "directory_reads.py").
+Starts its own redis-server (as ingest_redis.py does). For each fleet size: FLUSHALL, then
+`--sessions` sessions of a 10-block prompt of their own (the first block stored with no
+parent, as vLLM stores a prompt's start), session k on worker k % workers, written through
+`RedisStore.apply`; then `--queries` `get_session` and as many `match_prefix` of a session's
+prompt (its 10 blocks and 2 unknown ones) over every worker, as a route asks. Prints per
+kind: Redis commands per request (INFO commandstats, scripts' own commands included), Redis
+CPU per request, this process's CPU per request, p50/p99 latency. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+import redis
+from ingest_redis import redis_server
+
+from kvsi.store.model import Batch, EntriesStored, WorkerKey
+from kvsi.store.redis import RedisStore
+
+BLOCKS = 10
+
+
+def prompt(session: int) -> list[int]:
+    rng = random.Random(session)
+    return [rng.getrandbits(64) for _ in range(BLOCKS)]
+
+
+async def fill(store: RedisStore, workers: list[WorkerKey], sessions: int) -> None:
+    """Each worker's sessions in batches of 64 stores."""
+    for w, worker in enumerate(workers):
+        mine = range(w, sessions, len(workers))
+        for seq, start in enumerate(range(0, len(mine), 64)):
+            events = [
+                EntriesStored(prompt(k), "GPU", 0, f"sess-{k}", None)
+                for k in mine[start : start + 64]
+            ]
+            await store.apply(worker, Batch(seq, 1000.0 + seq, list(events)))
+
+
+def server_totals(raw: redis.Redis) -> tuple[int, float]:
+    """(commands run, CPU seconds) of the server so far."""
+    stats = raw.info("commandstats")
+    calls = sum(int(v["calls"]) for v in stats.values())
+    cpu = raw.info("cpu")
+    return calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+async def measure(
+    raw: redis.Redis, requests: list[Callable[[], Awaitable[object]]]
+) -> dict[str, float]:
+    latencies = []
+    calls0, cpu0 = server_totals(raw)
+    own0 = time.thread_time()
+    for request in requests:
+        started = time.perf_counter()
+        await request()
+        latencies.append(time.perf_counter() - started)
+    own = time.thread_time() - own0
+    calls1, cpu1 = server_totals(raw)
+    n = len(requests)
+    latencies.sort()
+    return {
+        "commands": (calls1 - calls0 - 2) / n,  # the two INFO calls of server_totals
+        "redis_us": (cpu1 - cpu0) / n * 1e6,
+        "client_us": own / n * 1e6,
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p99_ms": latencies[int(0.99 * (n - 1))] * 1e3,
+    }
+
+
+async def one_size(port: int, workers: int, sessions: int, queries: int, seed: int) -> None:
+    raw = redis.Redis(port=port)
+    raw.flushall()
+    store = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
+    keys = [WorkerKey(f"pod-{i}", 0) for i in range(workers)]
+    await fill(store, keys, sessions)
+    reader = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
+    rng = random.Random(seed)
+    picks = [rng.randrange(sessions) for _ in range(queries)]
+    await reader.get_session("warm-up")
+    await reader.match_prefix(prompt(0), None)
+
+    def lookup(k: int) -> Callable[[], Awaitable[object]]:
+        return lambda: reader.get_session(f"sess-{k}")
+
+    def match(k: int) -> Callable[[], Awaitable[object]]:
+        hashes = [*prompt(k), rng.getrandbits(64), rng.getrandbits(64)]
+        return lambda: reader.match_prefix(hashes, None)
+
+    for kind, make in (("session", lookup), ("prefix", match)):
+        row = await measure(raw, [make(k) for k in picks])
+        print(
+            f"| {workers:,} | {kind} | {row['commands']:.1f} | {row['redis_us']:.0f} "
+            f"| {row['client_us']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |",
+            flush=True,
+        )
+    await store.close()
+    await reader.close()
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    print(
+        "| workers | request | Redis commands/request | Redis CPU us/request "
+        "| client CPU us/request | p50 ms | p99 ms |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    with redis_server(512) as port:
+        for workers in (int(w) for w in args.workers.split(",")):
+            await one_size(port, workers, args.sessions, args.queries, args.seed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="10,100,1000")
+    parser.add_argument("--sessions", type=int, default=20_000)
+    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=7)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
