@@ -44,6 +44,8 @@ from route_latency import (
 from kvsi.logs import configure_logging
 
 KINDS = ("route", "session", "hint")
+"""The kinds measured by default; `healthz` (the HTTP floor: a request that reads nothing)
+can be asked too."""
 TICK = os.sysconf("SC_CLK_TCK")
 BUILD_SECONDS = 600
 
@@ -86,9 +88,11 @@ def requests_of(kind: str, port: int, sessions: int, workers: int, count: int) -
         elif kind == "session":
             request = f"GET /v1/sessions/sess-{s} HTTP/1.1\r\n{host}\r\n"
             expect = f'{{"session_id":"sess-{s}","total_blocks":{BLOCKS_PER_SESSION},'
-        else:
+        elif kind == "hint":
             request = f"GET /v1/sessions/sess-{s}/hint?format=llm-d HTTP/1.1\r\n{host}\r\n"
             expect = f'{{"format":"llm-d","pod":"{pod}","dp_rank":0,'
+        else:
+            request, expect = f"GET /healthz HTTP/1.1\r\n{host}\r\n", '{"status":"ok"}'
         lines.append(json.dumps({"kind": kind, "request": request, "expect": expect}))
     return "\n".join(lines) + "\n"
 
