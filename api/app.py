@@ -33,6 +33,7 @@ from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.api.routes import health, metrics, pods, route, sessions, watch
 from kvsi.api.routes.health import ReadinessCheck
 from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +117,9 @@ def create_app(
     )
     app.state.store = store
     app.state.reader = guarded_reader(store)
+    # Whether a request's independent reads should run at once: those of a store over the
+    # network overlap their round trips; the memory store's never wait.
+    app.state.overlap_reads = not isinstance(store, MemoryStore)
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)
