@@ -64,8 +64,12 @@ class Service:
 
     def cpu(self) -> float:
         """CPU seconds the process has used (every thread, user and system)."""
+        return sum(self.cpu_by_mode())
+
+    def cpu_by_mode(self) -> tuple[float, float]:
+        """CPU seconds the process has used in user mode and in the kernel (every thread)."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
+        return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 def requests_of(kind: str, port: int, sessions: int, workers: int, count: int) -> str:
@@ -108,7 +112,8 @@ async def cpu_per_request(
     await asyncio.sleep(args.idle)
     idle_rate = (service.cpu() - cpu) / (time.monotonic() - at)
     requests = requests_of(kind, service.port, args.sessions, workers, args.requests)
-    cpu, at = service.cpu(), time.monotonic()
+    (user, system), at = service.cpu_by_mode(), time.monotonic()
+    cpu = user + system
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).with_name("loadgen.py")),
         "--port", str(service.port), "--rps", str(args.rps),
@@ -116,7 +121,8 @@ async def cpu_per_request(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     out, _ = await proc.communicate(requests.encode())
-    used, wall = service.cpu() - cpu, time.monotonic() - at
+    user_after, system_after = service.cpu_by_mode()
+    used, wall = user_after + system_after - cpu, time.monotonic() - at
     if proc.returncode != 0:
         raise RuntimeError(f"loadgen exited with {proc.returncode}")
     report = json.loads(out)["kinds"][kind]
@@ -126,6 +132,7 @@ async def cpu_per_request(
         "kind": kind,
         "us": (used - idle_rate * wall) / answered * 1e6,
         "total_us": used / answered * 1e6,
+        "system_share": (system_after - system) / used if used else 0.0,
         "idle_share": idle_rate,
         "p50_ms": report["p50_ms"],
         "p99_ms": report["p99_ms"],
@@ -162,8 +169,9 @@ async def phase(
             r = await cpu_per_request(args, service, kind, workers) | {"ingest": name, "run": n}
             print(
                 f"{name} run {n + 1} {r['tree']:>12} {kind:>7}: {r['us']:7.0f} µs/request "
-                f"(with the idle rate {r['total_us']:7.0f}; idle {r['idle_share']:.0%} of a "
-                f"core)  p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms  errors "
+                f"(with the idle rate {r['total_us']:7.0f}, {r['system_share']:.0%} in the "
+                f"kernel; idle {r['idle_share']:.0%} of a core)  p50 {r['p50_ms']:.2f} ms "
+                f"p99 {r['p99_ms']:.2f} ms  errors "
                 f"{sum(r['errors'].values())} {r['error_examples'] or ''}  load "
                 f"{os.getloadavg()[0]:.2f}",
                 flush=True,

@@ -12,7 +12,7 @@ stream's event still leaves in the turn that wrote it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -85,5 +85,5 @@ class OneSendHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through `OneSend`."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        super().connection_made(OneSend(transport))
+        # Not checked with isinstance: uvloop's transports have the methods, not the class.
+        super().connection_made(OneSend(cast(asyncio.Transport, transport)))
