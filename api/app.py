@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
+from kvsi.api.direct import DirectRoutes
 from kvsi.api.errors import install_error_handlers
 from kvsi.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from kvsi.api.reader import guarded_reader
@@ -32,6 +33,7 @@ from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.api.routes import health, metrics, pods, route, sessions, watch
 from kvsi.api.routes.health import ReadinessCheck
 from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +91,7 @@ def create_app(
     metrics_require_token: bool = False,
     hint_options: HintOptions | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    direct_routes: bool = True,
 ) -> FastAPI:
     """The REST app over `store`, which the caller opens before and closes after.
 
@@ -100,7 +103,9 @@ def create_app(
     `metrics_require_token`. `hint_options`: how session hints name llm-d endpoints
     (default: namespace `default`, `<pod>-rank-<rank>`). A request body over
     `max_body_bytes` is a 413, refused before it is read whole. Swagger UI (`/docs`) is
-    served from the package's own files (fastapi-offline), not a CDN.
+    served from the package's own files (fastapi-offline), not a CDN. `direct_routes`:
+    answer the hot requests past FastAPI's per-request machinery (api/direct.py), with the
+    same answers; False sends every request through FastAPI (the tests compare the two).
     """
     app = FastAPIOffline(
         title=title,
@@ -112,12 +117,17 @@ def create_app(
     )
     app.state.store = store
     app.state.reader = guarded_reader(store)
+    # Whether a request's independent reads should run at once: those of a store over the
+    # network overlap their round trips; the memory store's never wait.
+    app.state.overlap_reads = not isinstance(store, MemoryStore)
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
     app.state.token_check = TokenCheck(tokens)
     app.state.hint_options = hint_options or HintOptions()
     app.state.stopping = asyncio.Event()
     install_error_handlers(app)
+    if direct_routes:
+        app.add_middleware(DirectRoutes)
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
     app.add_middleware(RequestMetrics)
     # Documented in OpenAPI only where enforced, so the schema tells clients the truth.

@@ -119,13 +119,18 @@ def http_error_detail(exc: HTTPException) -> str:
     return str(exc.detail)
 
 
-async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
+def error_response(exc: HTTPException) -> JSONResponse:
+    """The answer to an HTTPException: `{"detail": ...}`, its status and headers."""
     return JSONResponse(
         status_code=exc.status_code,
         content={"detail": http_error_detail(exc)},
         headers=exc.headers,
     )
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:

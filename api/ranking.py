@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvsi.store.model import WorkerKey
 
@@ -36,9 +37,9 @@ class Evidence:
     prefix_media: Mapping[WorkerKey, list[tuple[str, ...]]]
 
 
-@dataclass(frozen=True)
-class Ranked:
-    """One line of the ranking."""
+class Ranked(NamedTuple):
+    """One line of the ranking (a tuple: a route builds `limit` of them per request, and a
+    frozen dataclass costs several times as much to make)."""
 
     worker: WorkerKey
     state: str
@@ -76,18 +77,17 @@ def rank(
     keyed (a key per worker was most of a route's ranking).
     """
     states, sessions, prefixes = evidence.states, evidence.session_by_medium, evidence.prefix_media
-    held = [w for w in candidates if w in sessions or prefixes.get(w)]
+    held = _holding(candidates, sessions, prefixes)
     keys = []
     for worker in held:
         score, session = _scores(worker, evidence, weights, by_prompt)
         # A WorkerKey orders as (pod, dp_rank): the last tie-breakers.
         keys.append((-score, -session, states[worker] != LIVE, worker))
     if len(held) < len(candidates):
-        skip = set(held)
         live: list[WorkerKey] = []
         other: list[WorkerKey] = []
         for worker in sorted(candidates):
-            if worker in skip:
+            if worker in held:
                 continue
             if states[worker] == LIVE:
                 live.append(worker)
@@ -98,6 +98,22 @@ def rank(
         keys += [(-0.0, -0.0, False, w) for w in live]
         keys += [(-0.0, -0.0, True, w) for w in other]
     return [_line(k[3], -k[0], -k[1], evidence) for k in heapq.nsmallest(limit, keys)]
+
+
+def _holding(
+    candidates: list[WorkerKey],
+    sessions: Mapping[WorkerKey, dict[str, int]],
+    prefixes: Mapping[WorkerKey, list[tuple[str, ...]]],
+) -> set[WorkerKey]:
+    """The candidates holding any of the session or of the prompt's first block.
+
+    Read from the evidence (a few workers hold anything), not by looking every candidate up
+    in it: a store may answer the prefix of every worker asked, most of them empty.
+    """
+    chosen = set(candidates)
+    held = {w for w in sessions if w in chosen}
+    held.update(w for w, media in prefixes.items() if media and w in chosen)
+    return held
 
 
 def _scores(

@@ -15,9 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 @contextlib.contextmanager
 def background(
-    argv: list[str], env: dict[str, str], prefix: str
+    argv: list[str], env: dict[str, str], prefix: str, cwd: Path = REPO
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """`argv` with `env` over this process's, its output in a temporary log; yields both.
+    """`argv` with `env` over this process's, run in `cwd`, its output in a temporary log;
+    yields both.
 
     In a session of its own: Linux's autogroup scheduler then shares the cores between the
     bench's processes as between containers, instead of lumping them into one share against
@@ -26,7 +27,7 @@ def background(
     log = Path(tempfile.mkstemp(prefix=prefix, suffix=".log")[1])
     with log.open("w") as sink:
         proc = subprocess.Popen(
-            argv, env=os.environ | env, stdout=sink, stderr=sink, cwd=REPO,
+            argv, env=os.environ | env, stdout=sink, stderr=sink, cwd=cwd,
             start_new_session=True,
         )  # fmt: skip
     try:

@@ -21,6 +21,7 @@ from kvsi.api.routers.dynamo import DynamoOptions, create_dynamo_app
 from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.dynamo_follow import follow_registrations
 from kvsi.errors import StartupError
+from kvsi.http import OneSendHttpTools
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from kvsi.store.base import IndexReader, IndexStore
@@ -358,6 +359,7 @@ async def _serve_http(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=HTTP_GRACE_SECONDS,
+        http=OneSendHttpTools,
     )
     server = _Server(config, on_ready)
     serving = asyncio.create_task(server.serve(sockets=[listen(host, port)]), name="http")

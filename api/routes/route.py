@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -21,7 +22,7 @@ from kvsi.api.routers.dynamo.headers import routing_headers
 from kvsi.api.routers.llm_d.hints import Hint, HintFormat, HintOptions, route_hint
 from kvsi.api.schemas import ErrorResponse, json_response
 from kvsi.store.hashtext import parse_hash
-from kvsi.store.model import Hash, WorkerKey, WorkerState
+from kvsi.store.model import Hash, SessionView, WorkerKey, WorkerState
 
 router = APIRouter(prefix="/v1", tags=["routing"])
 
@@ -203,10 +204,19 @@ async def route(body: RouteRequest, request: Request) -> Response:
     if body.model is not None:
         models = await reader.worker_models()
         keys = [k for k in keys if models.get(k) == body.model]
-    prefix, view = await asyncio.gather(
-        reader.match_prefix(hashes, keys) if hashes else _nothing({}),
-        reader.get_session(body.session_id) if body.session_id is not None else _nothing(None),
-    )  # both at once: their round trips overlap
+    session_id = body.session_id
+
+    def read_prefix() -> Awaitable[dict[WorkerKey, list[tuple[str, ...]]]]:
+        return reader.match_prefix(hashes, keys) if hashes else _nothing({})
+
+    def read_session() -> Awaitable[SessionView | None]:
+        return reader.get_session(session_id) if session_id is not None else _nothing(None)
+
+    if request.app.state.overlap_reads:  # both at once: their round trips overlap
+        prefix, view = await asyncio.gather(read_prefix(), read_session())
+    else:  # in-process reads: gather's two tasks and loop turns would cost more than they do
+        prefix = await read_prefix()
+        view = await read_session()
     by_session: dict[WorkerKey, dict[str, int]] = {
         WorkerKey(w.pod, w.dp_rank): w.by_medium for w in (view.workers if view else [])
     }

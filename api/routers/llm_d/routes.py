@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
 from kvsi.api.params import QueryParams, SessionId, once_each
@@ -21,7 +21,7 @@ from kvsi.api.routers.llm_d.hints import (
     best_for_session,
     hint_for,
 )
-from kvsi.api.schemas import ErrorResponse
+from kvsi.api.schemas import ErrorResponse, json_response
 from kvsi.store.base import IndexReader
 from kvsi.store.model import WorkerKey, WorkerState
 
@@ -62,10 +62,15 @@ async def get_hint_options(request: Request) -> HintOptions:
 Options = Annotated[HintOptions, Depends(get_hint_options)]
 
 
-@router.get("/{session_id}/hint", responses=_ERRORS, dependencies=[Depends(once_each)])
+@router.get(
+    "/{session_id}/hint",
+    responses=_ERRORS,
+    dependencies=[Depends(once_each)],
+    response_model=SessionHint,
+)
 async def session_hint(
     session_id: SessionId, reader: Reader, options: Options, query: Annotated[HintQuery, Query()]
-) -> SessionHint:
+) -> Response:
     """The hint for the session's next request: the worker holding most of the session
     (blocks weighted by medium, as `POST /v1/route` ranks a session without a prompt) among
     the workers that are not `disconnected` (and serve `model`, if given), as the header to
@@ -87,4 +92,4 @@ async def session_hint(
     by_session = {WorkerKey(w.pod, w.dp_rank): w.by_medium for w in view.workers}
     best = best_for_session(candidates, states, by_session, options.per_pod(query.format))
     hint = hint_for(query.format, options, best)
-    return SessionHint(session_id=session_id, **hint.model_dump())
+    return json_response(hint.model_dump() | {"session_id": session_id})

@@ -1,0 +1,124 @@
+"""kvsi/http.py: a response's writes of one loop turn reach the socket as one send, in order,
+and a real server answers through it as before."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from kvsi.http import OneSend, OneSendHttpTools
+from tests.waiting import eventually
+
+
+class Recorder(asyncio.Protocol):
+    """The client end: every chunk as received."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+async def _pair() -> tuple[asyncio.Transport, Recorder, list[bytes], asyncio.Server]:
+    """A real loopback connection: the server's transport (its writes recorded) and the
+    client's protocol."""
+    loop = asyncio.get_running_loop()
+    accepted: asyncio.Future[asyncio.Transport] = loop.create_future()
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            accepted.set_result(transport)
+
+    server = await loop.create_server(Server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, client = await loop.create_connection(Recorder, "127.0.0.1", port)
+    transport = await accepted
+    sent: list[bytes] = []
+    write = transport.write
+
+    def recorded(data: bytes | bytearray | memoryview) -> None:
+        sent.append(bytes(data))
+        write(data)
+
+    transport.write = recorded  # type: ignore[method-assign]
+    return transport, client, sent, server
+
+
+async def test_writes_of_one_turn_are_one_send_in_order() -> None:
+    transport, client, sent, server = await _pair()
+    one = OneSend(transport)
+
+    one.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    one.write(b"body")
+    assert sent == []
+    await asyncio.sleep(0)
+    one.write(b"next")
+    await asyncio.sleep(0)
+
+    assert sent == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"next"]
+    one.close()
+    await client.closed.wait()
+    assert client.data == b"HTTP/1.1 200 OK\r\n\r\nbodynext"
+    server.close()
+
+
+async def test_close_sends_what_is_held_first() -> None:
+    transport, client, sent, server = await _pair()
+    one = OneSend(transport)
+
+    one.write(b"last words")
+    one.close()
+    await client.closed.wait()
+
+    assert sent == [b"last words"]
+    assert client.data == b"last words"
+    assert one.is_closing()
+    server.close()
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    """uvicorn serving a small app through `OneSendHttpTools`, as kvsi serve configures it."""
+    app = FastAPI()
+
+    @app.get("/hello")
+    async def hello() -> dict[str, str]:
+        return {"hello": "world"}
+
+    config = uvicorn.Config(app, log_config=None, http=OneSendHttpTools, lifespan="off")
+    server = uvicorn.Server(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+
+    async def started() -> bool:
+        return server.started
+
+    await eventually(started)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    await serving
+
+
+async def test_a_real_server_answers_keep_alive_requests(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            await loop.sock_sendall(sock, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"hello":"world"}'):
+                answer += await loop.sock_recv(sock, 4096)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert b"content-length: 17\r\n" in answer
