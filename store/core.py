@@ -135,7 +135,7 @@ class WorkerIndex(Generic[P, R]):
         entries, and a later store a second row."""
         rows = self._closed
         if self._changed:
-            rows += [(r.session_id, r.added, r.removed, r.total) for r in self._changed]
+            rows += [ResidencyRow(r.session_id, r.added, r.removed, r.total) for r in self._changed]
             self._changed = []
         self._closed = []
         return tuple(rows)
@@ -254,10 +254,10 @@ class WorkerIndex(Generic[P, R]):
         closed, batch = self._closed, self._batch
         for sid, res in self.residencies.items():
             if res.batch == batch:
-                closed.append((sid, res.added, res.removed + res.total, 0))
+                closed.append(ResidencyRow(sid, res.added, res.removed + res.total, 0))
                 res.batch = 0  # stored again later in this write: a new row
             elif res.total:
-                closed.append((sid, 0, res.total, 0))
+                closed.append(ResidencyRow(sid, 0, res.total, 0))
             if res.total:
                 emptied.append((res, list(res.counts())))
                 res.in_first = 0
@@ -304,7 +304,7 @@ class WorkerIndex(Generic[P, R]):
                         orphans.append(h)
         if res.total:
             self.active -= 1
-            self._closed.append((sid, 0, res.total, 0))
+            self._closed.append(ResidencyRow(sid, 0, res.total, 0))
         del self.residencies[sid]
         return orphaned
 

@@ -16,8 +16,19 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-ResidencyRow = tuple[str, int, int, int]
-"""(session_id, added, removed, blocks now): one session's change on one worker."""
+
+class ResidencyRow(msgspec.Struct, array_like=True, frozen=True, order=True, gc=False):
+    """One session's change on one worker in one write: (session_id, added, removed, blocks
+    now). Encoded as the 4-array a tuple was; ordered as one (session id first).
+
+    Not tracked by the garbage collector: a write makes one per changed residency and the
+    history keeps them, so tracked rows (tuples) set off a young-generation collection
+    every few batches of ingest."""
+
+    session_id: str
+    added: int
+    removed: int
+    blocks: int
 
 
 class ResidencyChange(msgspec.Struct, tag="residency", tag_field="type", frozen=True):
@@ -58,7 +69,7 @@ class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
     Redis writer sorted.
 
     The unit writers publish (and the Redis store puts in its stream, msgpack-encoded).
-    Untracked by the garbage collector, rows as tuples: the history holds thousands of these,
+    Untracked by the garbage collector, as its rows: the history holds thousands of these,
     and tracked containers there made every collection, and so ingest, measurably slower.
     """
 
@@ -77,16 +88,16 @@ class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
         if self.state is not None:
             yield self.state
         losses = self.losses
-        for session_id, added, removed, blocks in sorted(self.rows):
+        for row in sorted(self.rows):
             yield ResidencyChange(
-                session_id,
+                row.session_id,
                 self.pod,
                 self.dp_rank,
-                added,
-                removed,
-                blocks,
+                row.added,
+                row.removed,
+                row.blocks,
                 self.ts,
-                removed if losses else 0,
+                row.removed if losses else 0,
             )
 
 
