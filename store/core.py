@@ -17,7 +17,6 @@ session sets from Redis).
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import partial
 from operator import is_not
@@ -41,14 +40,6 @@ _SET_HOLDS: Final[Callable[[Holders | bool, Residency], bool]] = set.__contains_
 
 _NOT_HELD: Final = itertools.repeat(False)
 """Defaults of a removal's `holders.pop`: False, never a holder."""
-
-_ONE: Final = itertools.repeat(1)
-"""Counts of a short removal's holders: one per entry."""
-
-_COUNTED: Final = 8
-"""Removals of more entries count them per holder first (`collections.Counter`, in C): the
-per-residency step then runs once per session, not once per entry. Below it the count's own
-cost outweighs what it saves (the common eviction of one block)."""
 
 
 P = TypeVar("P", bound=Part)
@@ -223,26 +214,22 @@ class WorkerIndex(Generic[P, R]):
         popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
         pid, batch = part.pid, self._batch
         losers = popped if set not in map(type, popped) else _each_holder(popped)
-        if len(losers) > _COUNTED:
-            counted: Iterable[tuple[Holders | bool, int]] = Counter(losers).items()
-        else:
-            counted = zip(losers, _ONE, strict=False)
-        for res, n in counted:
+        for res in losers:
             if not isinstance(res, Residency):
                 continue  # not on the worker (False), or held by no session (None)
             if pid:
-                _uncount_other(res.in_others, pid, n)
+                _uncount_other(res.in_others, pid)
             else:
-                res.in_first -= n
-            res.total -= n
-            res.lost += lost * n
+                res.in_first -= 1
+            res.total -= 1
+            res.lost += lost
             if not res.total:
                 self.active -= 1
             if res.batch != batch:
                 res.batch = batch
                 res.added = res.removed = 0
                 self._changed.append(res)
-            res.removed += n
+            res.removed += 1
         return Removed(hashes, popped)
 
     def clear(self) -> list[tuple[R, list[int]]]:
@@ -405,9 +392,9 @@ def _each_holder(popped: list[Holders | bool]) -> list[Holders | bool]:
     return out
 
 
-def _uncount_other(others: dict[int, int], pid: int, n: int) -> None:
-    """`n` entries of part `pid` (not 0) leave a residency's `in_others`."""
-    left = others[pid] - n
+def _uncount_other(others: dict[int, int], pid: int) -> None:
+    """One entry of part `pid` (not 0) leaves a residency's `in_others`."""
+    left = others[pid] - 1
     if left:
         others[pid] = left
     else:
