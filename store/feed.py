@@ -1,9 +1,10 @@
 """The change feed: what changed in the index, in order, for routers that keep a warm view.
 
-Imports neither zmq nor fastapi. Writers publish one record per batch (cheap: plain tuples,
-no per-change objects on the hot path); the API's `/v1/watch` subscribes and gets one
-`FeedEntry` per change. A subscriber's queue is bounded: one that falls behind gets an
-overflow marker and is dropped, so a slow client never slows ingest.
+Imports neither zmq nor fastapi. Writers publish one record per batch (cheap: one small
+untracked row per changed residency, no per-change objects on the hot path); the API's
+`/v1/watch` subscribes and gets one `FeedEntry` per change. A subscriber's queue is bounded:
+one that falls behind gets an overflow marker and is dropped, so a slow client never slows
+ingest.
 """
 
 from __future__ import annotations
