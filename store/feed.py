@@ -65,9 +65,9 @@ Change = ResidencyChange | WorkerChange
 class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One batch's residency changes on one worker, or one worker state change.
 
-    `changes` yields the rows in session id order, whatever order they were made in: the
-    memory store publishes them as its write made them (no sort per batch on ingest), the
-    Redis writer sorted.
+    `changes` yields the rows in session id order, whatever order they were made in: both
+    writers publish them as the write made them (no sort per batch on ingest; records of
+    Redis writers before this were sorted, and read the same).
 
     The unit writers publish (and the Redis store puts in its stream, msgpack-encoded).
     Untracked by the garbage collector, as its rows: the history holds thousands of these,
