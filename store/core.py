@@ -28,7 +28,6 @@ from kvsi.store.model import (
     EntriesStored,
     Fence,
     Hash,
-    PartKey,
     idle,
     next_position,
     release,
@@ -61,7 +60,9 @@ class WorkerIndex(Generic[P, R]):
     ) -> None:
         self._new_part = new_part
         self._new_residency = new_residency
-        self.parts: dict[PartKey, P] = {}
+        self._by_wire: dict[str | None, dict[int | None, P]] = {}
+        """Parts by the (medium, group_idx) an event names, each of vLLM's unset values under
+        what it means too: a store finds its part in two lookups, building no key."""
         self.by_pid: dict[int, P] = {}
         self.residencies: dict[str, R] = {}
         """In the order of their last store (a store moves its residency to the end): the
@@ -79,10 +80,16 @@ class WorkerIndex(Generic[P, R]):
 
     def part(self, medium: str | None, group: int | None) -> P | None:
         """The part of an event's (medium, group_idx), vLLM's None meaning GPU and 0."""
-        return self.parts.get((medium or DEFAULT_MEDIUM, group or 0))
+        groups = self._by_wire.get(medium)
+        return None if groups is None else groups.get(group)
 
     def add_part(self, pid: int, medium: str, group: int) -> P:
-        part = self.parts[(medium, group)] = self.by_pid[pid] = self._new_part(pid, medium, group)
+        part = self.by_pid[pid] = self._new_part(pid, medium, group)
+        for name in (medium, None, "") if medium == DEFAULT_MEDIUM else (medium,):
+            groups = self._by_wire.setdefault(name, {})
+            groups[group] = part
+            if group == 0:
+                groups[None] = part
         return part
 
     def new_part(self, medium: str | None, group: int | None) -> P:
@@ -126,7 +133,7 @@ class WorkerIndex(Generic[P, R]):
         entries, and a later store a second row."""
         rows = self._closed
         if self._changed:
-            rows += [(r.session_id, r.added, r.removed, r.total) for r in self._changed]
+            rows += [ResidencyRow(r.session_id, r.added, r.removed, r.total) for r in self._changed]
             self._changed = []
         self._closed = []
         return tuple(rows)
@@ -152,7 +159,8 @@ class WorkerIndex(Generic[P, R]):
         of those the ones no session held before (adopted orphans; None if none)).
         """
         # The hot path of ingest: lookups are inlined rather than factored into helpers.
-        part = self.parts.get((event.medium or DEFAULT_MEDIUM, event.group_idx or 0))
+        groups = self._by_wire.get(event.medium)
+        part = None if groups is None else groups.get(event.group_idx)
         if part is None:
             part = self.new_part(event.medium, event.group_idx)
         hashes = event.block_hashes
@@ -241,10 +249,10 @@ class WorkerIndex(Generic[P, R]):
         closed, batch = self._closed, self._batch
         for sid, res in self.residencies.items():
             if res.batch == batch:
-                closed.append((sid, res.added, res.removed + res.total, 0))
+                closed.append(ResidencyRow(sid, res.added, res.removed + res.total, 0))
                 res.batch = 0  # stored again later in this write: a new row
             elif res.total:
-                closed.append((sid, 0, res.total, 0))
+                closed.append(ResidencyRow(sid, 0, res.total, 0))
             if res.total:
                 emptied.append((res, list(res.counts())))
                 res.in_first = 0
@@ -291,7 +299,7 @@ class WorkerIndex(Generic[P, R]):
                         orphans.append(h)
         if res.total:
             self.active -= 1
-            self._closed.append((sid, 0, res.total, 0))
+            self._closed.append(ResidencyRow(sid, 0, res.total, 0))
         del self.residencies[sid]
         return orphaned
 

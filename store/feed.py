@@ -1,9 +1,10 @@
 """The change feed: what changed in the index, in order, for routers that keep a warm view.
 
-Imports neither zmq nor fastapi. Writers publish one record per batch (cheap: plain tuples,
-no per-change objects on the hot path); the API's `/v1/watch` subscribes and gets one
-`FeedEntry` per change. A subscriber's queue is bounded: one that falls behind gets an
-overflow marker and is dropped, so a slow client never slows ingest.
+Imports neither zmq nor fastapi. Writers publish one record per batch (cheap: one small
+untracked row per changed residency, no per-change objects on the hot path); the API's
+`/v1/watch` subscribes and gets one `FeedEntry` per change. A subscriber's queue is bounded:
+one that falls behind gets an overflow marker and is dropped, so a slow client never slows
+ingest.
 """
 
 from __future__ import annotations
@@ -16,8 +17,19 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-ResidencyRow = tuple[str, int, int, int]
-"""(session_id, added, removed, blocks now): one session's change on one worker."""
+
+class ResidencyRow(msgspec.Struct, array_like=True, frozen=True, order=True, gc=False):
+    """One session's change on one worker in one write: (session_id, added, removed, blocks
+    now). Encoded as the 4-array a tuple was; ordered as one (session id first).
+
+    Not tracked by the garbage collector: a write makes one per changed residency and the
+    history keeps them, so tracked rows (tuples) set off a young-generation collection
+    every few batches of ingest."""
+
+    session_id: str
+    added: int
+    removed: int
+    blocks: int
 
 
 class ResidencyChange(msgspec.Struct, tag="residency", tag_field="type", frozen=True):
@@ -53,12 +65,12 @@ Change = ResidencyChange | WorkerChange
 class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One batch's residency changes on one worker, or one worker state change.
 
-    `changes` yields the rows in session id order, whatever order they were made in: the
-    memory store publishes them as its write made them (no sort per batch on ingest), the
-    Redis writer sorted.
+    `changes` yields the rows in session id order, whatever order they were made in: both
+    writers publish them as the write made them (no sort per batch on ingest; records of
+    Redis writers before this were sorted, and read the same).
 
     The unit writers publish (and the Redis store puts in its stream, msgpack-encoded).
-    Untracked by the garbage collector, rows as tuples: the history holds thousands of these,
+    Untracked by the garbage collector, as its rows: the history holds thousands of these,
     and tracked containers there made every collection, and so ingest, measurably slower.
     """
 
@@ -77,16 +89,16 @@ class FeedRecord(msgspec.Struct, array_like=True, frozen=True, gc=False):
         if self.state is not None:
             yield self.state
         losses = self.losses
-        for session_id, added, removed, blocks in sorted(self.rows):
+        for row in sorted(self.rows):
             yield ResidencyChange(
-                session_id,
+                row.session_id,
                 self.pod,
                 self.dp_rank,
-                added,
-                removed,
-                blocks,
+                row.added,
+                row.removed,
+                row.blocks,
                 self.ts,
-                removed if losses else 0,
+                row.removed if losses else 0,
             )
 
 

@@ -17,9 +17,6 @@ Hash = int | bytes
 DEFAULT_MEDIUM = "GPU"
 """vLLM's medium when a release or an event leaves it unset."""
 
-PartKey = tuple[str, int]
-"""(medium, group_idx): the part of a worker's cache an entry lives in."""
-
 Holders = str | set[str] | None
 """Who holds an entry, by session id: no session, one (the common case, kept bare to spare a
 set per block), or several (a shared prefix such as a system prompt). The index core

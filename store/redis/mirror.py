@@ -439,7 +439,7 @@ class Mirror:
         rows = self.index.rows()
         if rows:
             worker = self.keys.worker
-            record = FeedRecord(worker.pod, worker.dp_rank, ts, tuple(sorted(rows)), losses=losses)
+            record = FeedRecord(worker.pod, worker.dp_rank, ts, rows, losses=losses)
             plan.call(
                 XADD,
                 self.keys.feed,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from kvsi.store.feed import (
@@ -10,6 +12,7 @@ from kvsi.store.feed import (
     HistoryGone,
     Overflow,
     ResidencyChange,
+    ResidencyRow,
     WorkerChange,
 )
 from kvsi.store.memory import MemoryStore
@@ -60,6 +63,22 @@ async def test_each_batch_yields_one_change_per_session_with_totals() -> None:
     ]
 
 
+async def test_the_rows_a_write_keeps_in_the_history_are_not_tracked_by_the_gc() -> None:
+    store = MemoryStore()
+    hub = await store.change_feed()
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s1")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored([3], "GPU", 0, "s2"), WorkerCleared()]))
+    await store.apply(A, Batch(2, 3.0, [EntriesRemoved([1])]))
+    records = [record for _, record in hub._history]
+    rows = [row for record in records for row in record.rows]
+    assert rows == [
+        ResidencyRow("s1", 2, 0, 2),
+        ResidencyRow("s1", 0, 2, 0),
+        ResidencyRow("s2", 1, 1, 0),
+    ]
+    assert not any(map(gc.is_tracked, rows))
+
+
 async def test_worker_state_changes_are_in_the_feed_once() -> None:
     store = MemoryStore()
     hub = await store.change_feed()
@@ -76,7 +95,14 @@ async def test_worker_state_changes_are_in_the_feed_once() -> None:
 async def test_resume_after_an_id_filters_and_history_bounds() -> None:
     hub = FeedHub(history=3)
     for i in range(5):
-        hub.publish(FeedRecord(f"pod-{i % 2}", 0, float(i), (("s", 1, 0, i + 1), ("t", 1, 0, 1))))
+        hub.publish(
+            FeedRecord(
+                f"pod-{i % 2}",
+                0,
+                float(i),
+                (ResidencyRow("s", 1, 0, i + 1), ResidencyRow("t", 1, 0, 1)),
+            )
+        )
     everything = await take(hub, after="4.0")
     assert [e.id for e in everything] == ["4.1", "5.0", "5.1"]
     only_t = await take(hub, after="3.1", sessions=frozenset({"t"}))
@@ -102,7 +128,7 @@ def test_a_resume_point_not_in_the_history_says_whether_it_is_old_or_ahead(
 ) -> None:
     hub = FeedHub(history=3)
     for i in range(5):
-        hub.publish(FeedRecord("pod-a", 0, float(i), (("s", 1, 0, i + 1),)))
+        hub.publish(FeedRecord("pod-a", 0, float(i), (ResidencyRow("s", 1, 0, i + 1),)))
 
     with pytest.raises(HistoryGone) as gone:
         hub.subscribe(after=after)
@@ -138,7 +164,7 @@ async def test_a_slow_subscriber_overflows_and_never_blocks_the_writer() -> None
     hub = FeedHub(queue_size=4)
     slow = hub.subscribe(after=None)
     for i in range(100):
-        hub.publish(FeedRecord("pod-a", 0, float(i), (("s", 1, 0, i),)))
+        hub.publish(FeedRecord("pod-a", 0, float(i), (ResidencyRow("s", 1, 0, i),)))
     received = 0
     with pytest.raises(Overflow):
         while True:

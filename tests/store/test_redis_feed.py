@@ -10,7 +10,7 @@ import redis
 from redis.exceptions import ConnectionError
 from structlog.testing import capture_logs
 
-from kvsi.store.feed import FeedEntry, FeedHub, FeedRecord, entry_id, split_id
+from kvsi.store.feed import FeedEntry, FeedHub, FeedRecord, ResidencyRow, entry_id, split_id
 from kvsi.store.model import (
     Batch,
     EntriesRemoved,
@@ -182,8 +182,12 @@ async def test_the_pump_starts_at_the_streams_end_survives_errors_and_stops_on_c
 def test_records_round_trip_through_the_stream_encoding() -> None:
     import msgspec
 
-    record = FeedRecord("p.q", 2, 3.5, (("s", 1, 0, 1), ("t{x}", 0, 2, 0)))
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=FeedRecord) == record
+    record = FeedRecord("p.q", 2, 3.5, (ResidencyRow("s", 1, 0, 1), ResidencyRow("t{x}", 0, 2, 0)))
+    encoded = msgspec.msgpack.encode(record)
+    assert msgspec.msgpack.decode(encoded, type=FeedRecord) == record
+    # The stream's format is the one of rows as plain tuples: records written before read.
+    as_tuples = ("p.q", 2, 3.5, (("s", 1, 0, 1), ("t{x}", 0, 2, 0)), None, False)
+    assert msgspec.msgpack.encode(as_tuples) == encoded
     hub = FeedHub()
     hub.deliver("p.q/2@1-0", record)
     entries = [hub.subscribe(after="p.q/2@1-0.0")]
