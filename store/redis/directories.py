@@ -54,7 +54,7 @@ class Asserted:
 
 
 def _holds(mirror: Mirror) -> Callable[[Hash], bool]:
-    parts = list(mirror.index.parts.values())
+    parts = list(mirror.index.by_pid.values())
     return lambda h: any(h in part.holders for part in parts)
 
 
