@@ -27,6 +27,7 @@ from kvsi.subscriber.framing import SEQ_BYTES
 from kvsi.subscriber.gate import StoreGate
 from kvsi.subscriber.health import WorkerHealth
 from kvsi.subscriber.inbox import Inbox
+from kvsi.subscriber.receiver import Receiver
 from kvsi.subscriber.replay import ReplayClient
 from kvsi.subscriber.sockets import ResourceError, StreamRoom, open_live
 from kvsi.subscriber.topic import model_of_topic
@@ -218,16 +219,17 @@ class WorkerStream:
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         """SUB -> inbox, never waiting on anything else (see inbox.py for why). A topic frame
         unlike the last one names the worker's model, unless the configuration set it."""
-        put = self.inbox.put
         learn = self.spec.model is None
-        topic = b""
-        while True:
-            frames = await sock.recv_multipart()
-            if learn and frames[0] != topic:
-                topic = frames[0]
-                self.health.name_model(model_of_topic(topic))
-            if not put(frames):
-                self._overflowed()
+        receiver = Receiver(
+            sock,
+            self.inbox,
+            on_topic=self._name_model if learn else None,
+            on_overflow=self._overflowed,
+        )
+        await receiver.run()
+
+    def _name_model(self, topic: bytes) -> None:
+        self.health.name_model(model_of_topic(topic))
 
     async def _apply_forever(self) -> None:
         inbox = self.inbox
