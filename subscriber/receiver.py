@@ -27,6 +27,9 @@ DRAIN_MAX = 512
 """Most messages read in one wake-up: a publisher faster than the applier must not hold the
 event loop (the applier, other streams, the API) for one unbounded read."""
 
+_NOBLOCK = int(zmq.NOBLOCK)
+"""A plain int: pyzmq's flag enum would be combined and converted again on every read."""
+
 
 class Receiver:
     """Reads one SUB socket into one inbox; the only reader of that socket.
@@ -77,7 +80,7 @@ class Receiver:
         burst: list[list[bytes]] = []
         try:
             for _ in range(DRAIN_MAX):
-                burst.append(recv(zmq.NOBLOCK))
+                burst.append(recv(_NOBLOCK))
         except zmq.Again:
             pass
         except zmq.ZMQError as exc:
