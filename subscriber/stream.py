@@ -1,10 +1,11 @@
 """One publisher's stream: its sockets, its tasks and their timing.
 
-Imports zmq and the store contract; never the API. Per message: receiver task (SUB ->
-inbox.py) -> applier task -> applier.py (framing, decode, the order rules of order.py, the
-store through gate.py). The applier task is the worker's only writer of batches and also
-runs what is due in between (a catch-up after a connect, the index audit, the stale policy);
-the worker's health (health.py) reaches the store through a status writer task.
+Imports zmq and the store contract; never the API. Per message: receiver task (receiver.py:
+SUB -> inbox.py, in bursts) -> applier task -> applier.py (framing, decode, the order rules
+of order.py, the store through gate.py). The applier task is the worker's only writer of
+batches and also runs what is due in between (a catch-up after a connect, the index audit,
+the stale policy); the worker's health (health.py) reaches the store through a status
+writer task.
 subscriber/README.md has the states and the stale policy.
 """
 
