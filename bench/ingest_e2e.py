@@ -365,6 +365,7 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{total.block_events:,} block-events in {total.events:,} events"
         )
         rates: dict[str, list[float]] = {}
+        per_core: dict[str, list[float]] = {}
         for n in range(args.runs):
             order = indexers if n % 2 == 0 else indexers[::-1]
             for indexer in order:
@@ -373,6 +374,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 publish = total.block_events / result.publish_seconds
                 if result.complete:
                     rates.setdefault(indexer.name, []).append(rate)
+                    per_core.setdefault(indexer.name, []).append(rate / result.cpu)
                 print(
                     f"  run {n + 1} {indexer.name:<15} {rate:>10,.0f} block-events/s "
                     f"(published at {publish:>10,.0f}/s) in {result.seconds:.2f} s, "
@@ -381,10 +383,15 @@ async def main_async(args: argparse.Namespace) -> None:
                 )
         medians = {name: statistics.median(r) for name, r in rates.items()}
         for name, rate in medians.items():
-            print(f"{workload} {name:<15} median {rate:>10,.0f} block-events/s")
+            core = statistics.median(per_core[name])
+            print(
+                f"{workload} {name:<15} median {rate:>10,.0f} block-events/s, "
+                f"{core:>10,.0f} per core"
+            )
         if len(medians) == 2:
             ratio = medians[Kvsi.name] / medians[Dynamo.name]
             print(f"{workload} kvsi / dynamo.indexer: {ratio:.2f} (target, issue 18: >= 1.0)")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
 
 
 def main() -> None:

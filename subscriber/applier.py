@@ -48,6 +48,9 @@ from kvsi.subscriber.sockets import ResourceError
 
 log = structlog.get_logger(__name__)
 
+_NAMES_BLOCKS = (EntriesStored, EntriesRemoved)
+"""The events that name block hashes (every other is WorkerCleared)."""
+
 DROP_LOG_SECONDS = 10.0
 """At most one log line per drop reason per stream in this time (with the running count):
 a publisher sending garbage must not flood the logs; the counters still count every drop."""
@@ -104,14 +107,15 @@ class Applier:
         run: list[Batch] = []
         order = self.order
         rank = self.worker.dp_rank
+        decode = self._decoder.decode
+        self.counters.messages += len(messages)
         for frames in messages:
-            self.counters.messages += 1
             parsed = parse_live(frames)
             if isinstance(parsed, DropReason):
                 self.drop(parsed)
                 continue
             seq, payload = parsed
-            decoded = self._decoder.decode(payload)
+            decoded = decode(payload)
             if (
                 decoded.ok
                 and not decoded.dropped
@@ -209,14 +213,18 @@ class Applier:
             return False
         metrics.APPLY_SECONDS.observe(time.perf_counter() - started)
         counters = self.counters
+        batches = counters.batches
         health = self.health
+        order = self.order
+        block_events = 0
         for batch, stored in zip(run, outcomes, strict=True):
-            counters.batches[stored] = counters.batches.get(stored, 0) + 1
-            counters.block_events += _block_events(batch)
-            if self.order.stored_outcome(stored, batch.seq, batch.ts):
-                self.order.stored = await gate.fence(self.worker)
+            batches[stored] = batches.get(stored, 0) + 1
+            block_events += _block_events(batch)
+            if order.stored_outcome(stored, batch.seq, batch.ts):
+                order.stored = await gate.fence(self.worker)
             if health.degraded and _clears(batch):
                 health.exact_again()
+        counters.block_events += block_events
         self._applied_any = True
         if mode is Mode.REPLAY:
             counters.batches_replayed += len(run)
@@ -376,9 +384,12 @@ class Applier:
 
 
 def _block_events(batch: Batch) -> int:
-    return sum(
-        len(e.block_hashes) for e in batch.events if isinstance(e, EntriesStored | EntriesRemoved)
-    )
+    """Block hashes the batch names (stored plus removed), for `kvsi_block_events_total`."""
+    count = 0
+    for event in batch.events:
+        if isinstance(event, _NAMES_BLOCKS):
+            count += len(event.block_hashes)
+    return count
 
 
 def _clears(batch: Batch) -> bool:

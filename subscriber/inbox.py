@@ -8,7 +8,6 @@ drop is counted and the stream repairs the hole by replay.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
 Arrival = tuple[float, list[bytes]]
@@ -40,17 +39,23 @@ class Inbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, frames: list[bytes]) -> bool:
-        """Hold a message; False (and counted) if the inbox is full."""
-        self.newest = frames
-        if len(self._items) >= self.capacity:
-            self.overflowed += 1
-            if self.last_dropped is None:
-                self._first_drop = time.monotonic()
-            self.last_dropped = frames
+    def put(self, burst: list[list[bytes]], arrived: float) -> bool:
+        """Hold messages received together at `arrived` (time.monotonic), oldest first, as
+        many as there is room for; True if the full inbox dropped any (the newest ones,
+        counted, the last remembered)."""
+        self.newest = burst[-1]
+        items = self._items
+        room = self.capacity - len(items)
+        if room > 0:
+            items.extend([(arrived, frames) for frames in burst[:room]])
+            self._ready.set()
+        dropped = len(burst) - max(room, 0)
+        if dropped <= 0:
             return False
-        self._items.append((time.monotonic(), frames))
-        self._ready.set()
+        self.overflowed += dropped
+        if self.last_dropped is None:
+            self._first_drop = arrived
+        self.last_dropped = burst[-1]
         return True
 
     def wake(self) -> None:

@@ -1,10 +1,11 @@
 """One publisher's stream: its sockets, its tasks and their timing.
 
-Imports zmq and the store contract; never the API. Per message: receiver task (SUB ->
-inbox.py) -> applier task -> applier.py (framing, decode, the order rules of order.py, the
-store through gate.py). The applier task is the worker's only writer of batches and also
-runs what is due in between (a catch-up after a connect, the index audit, the stale policy);
-the worker's health (health.py) reaches the store through a status writer task.
+Imports zmq and the store contract; never the API. Per message: receiver task (receiver.py:
+SUB -> inbox.py, in bursts) -> applier task -> applier.py (framing, decode, the order rules
+of order.py, the store through gate.py). The applier task is the worker's only writer of
+batches and also runs what is due in between (a catch-up after a connect, the index audit,
+the stale policy); the worker's health (health.py) reaches the store through a status
+writer task.
 subscriber/README.md has the states and the stale policy.
 """
 
@@ -27,6 +28,7 @@ from kvsi.subscriber.framing import SEQ_BYTES
 from kvsi.subscriber.gate import StoreGate
 from kvsi.subscriber.health import WorkerHealth
 from kvsi.subscriber.inbox import Inbox
+from kvsi.subscriber.receiver import Receiver
 from kvsi.subscriber.replay import ReplayClient
 from kvsi.subscriber.sockets import ResourceError, StreamRoom, open_live
 from kvsi.subscriber.topic import model_of_topic
@@ -218,16 +220,17 @@ class WorkerStream:
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         """SUB -> inbox, never waiting on anything else (see inbox.py for why). A topic frame
         unlike the last one names the worker's model, unless the configuration set it."""
-        put = self.inbox.put
         learn = self.spec.model is None
-        topic = b""
-        while True:
-            frames = await sock.recv_multipart()
-            if learn and frames[0] != topic:
-                topic = frames[0]
-                self.health.name_model(model_of_topic(topic))
-            if not put(frames):
-                self._overflowed()
+        receiver = Receiver(
+            sock,
+            self.inbox,
+            on_topic=self._name_model if learn else None,
+            on_overflow=self._overflowed,
+        )
+        await receiver.run()
+
+    def _name_model(self, topic: bytes) -> None:
+        self.health.name_model(model_of_topic(topic))
 
     async def _apply_forever(self) -> None:
         inbox = self.inbox

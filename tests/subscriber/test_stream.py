@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY, generate_latest
 from kvsi.store.model import WorkerKey, WorkerState
 from kvsi.subscriber import metrics, wire
 from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.receiver import DRAIN_MAX
 from tests.subscriber.conftest import RigFactory
 from tests.subscriber.peers import Publisher, payload, removed, running, stored
 from tests.subscriber.stores import RecordingStore
@@ -29,6 +30,19 @@ async def test_batches_apply_in_order_and_name_the_worker_by_rank(rig: RigFactor
     (worker,) = await r.store.inner.list_workers()
     assert (worker.pod, worker.dp_rank, worker.last_seq, worker.blocks) == ("pod-a", 1, 1, 2)
     assert await session_blocks(r.store, "s1") == 2
+
+
+async def test_a_backlog_read_in_bursts_is_applied_once_each_in_seq_order(rig: RigFactory) -> None:
+    r = await rig(replay=False)
+    backlog = 3 * DRAIN_MAX + 5
+    for n in range(backlog):
+        await r.publisher.send(payload([stored([n])]))
+    await r.applied_through(backlog - 1)
+    assert r.store.seqs(r.worker) == list(range(backlog))
+    counters = r.stream.read_counters()
+    assert (counters.messages, counters.block_events) == (backlog, backlog)
+    assert (counters.gaps, counters.queue_overflow, counters.queued) == (0, 0, 0)
+    assert await session_blocks(r.store, "s1") == backlog
 
 
 async def test_bad_frames_are_counted_and_the_stream_goes_on(rig: RigFactory) -> None:
