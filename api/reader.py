@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 import structlog
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 
 from kvsi.store.base import IndexReader
 from kvsi.store.model import InvalidCursorError
@@ -89,3 +89,7 @@ async def get_reader(request: Request) -> IndexReader:
     request that cost more than the rest of the dependency work.
     """
     return cast(IndexReader, request.app.state.reader)
+
+
+Reader = Annotated[IndexReader, Depends(get_reader)]
+"""A route parameter: the app's store as a guarded reader (`get_reader`)."""

@@ -10,14 +10,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from kvsi.api.params import PodBlocksQuery, PodName, once_each
-from kvsi.api.reader import get_reader
+from kvsi.api.reader import Reader
 from kvsi.api.schemas import BlockPage, ErrorResponse, PodList, PodWorker
-from kvsi.store.base import IndexReader
 from kvsi.store.hashtext import format_hash
 
 router = APIRouter(prefix="/v1/pods", tags=["pods"])
 
-Reader = Annotated[IndexReader, Depends(get_reader)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "A bad parameter or cursor."},

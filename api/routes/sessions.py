@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from kvsi.api.params import SessionBlocksQuery, SessionId, SessionListQuery, once_each
-from kvsi.api.reader import get_reader
+from kvsi.api.reader import Reader, get_reader
 from kvsi.api.schemas import (
     BlockPage,
     ErrorResponse,
@@ -19,13 +19,11 @@ from kvsi.api.schemas import (
     SessionSummary,
     json_response,
 )
-from kvsi.store.base import IndexReader
 from kvsi.store.hashtext import format_hash
 from kvsi.store.model import Frontier, WorkerKey
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
-Reader = Annotated[IndexReader, Depends(get_reader)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "A bad parameter or cursor."},

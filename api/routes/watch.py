@@ -12,19 +12,17 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import msgspec
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from kvsi.api.params import POD_PATTERN, SESSION_ID_PATTERN, QueryParams
-from kvsi.api.reader import get_reader
+from kvsi.api.reader import Reader
 from kvsi.api.schemas import ErrorResponse
-from kvsi.store.base import IndexReader
 from kvsi.store.feed import FeedHub, HistoryGone, Overflow, Subscription
 
 router = APIRouter(prefix="/v1", tags=["watch"])
 
-Reader = Annotated[IndexReader, Depends(get_reader)]
 
 KEEPALIVE_SECONDS = 15.0
 """A comment line this often keeps proxies from closing an idle stream."""

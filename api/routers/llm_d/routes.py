@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
 from kvsi.api.params import QueryParams, SessionId, once_each
-from kvsi.api.reader import get_reader
+from kvsi.api.reader import Reader
 from kvsi.api.routers.llm_d.hints import (
     HintFormat,
     HintOptions,
@@ -22,12 +22,10 @@ from kvsi.api.routers.llm_d.hints import (
     hint_for,
 )
 from kvsi.api.schemas import ErrorResponse, json_response
-from kvsi.store.base import IndexReader
 from kvsi.store.model import WorkerKey, WorkerState
 
 router = APIRouter(prefix="/v1/sessions", tags=["routing"])
 
-Reader = Annotated[IndexReader, Depends(get_reader)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "A bad parameter."},
