@@ -21,7 +21,7 @@ import asyncio
 import random
 
 import redis
-from ingest_redis import INTSET_ENTRIES, redis_server, store_at
+from ingest_redis import redis_server, store_at
 
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 
@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace) -> None:
         ("own blocks, each session a prompt start", args.blocks, 1, True),
     ]
     rows = []
-    with redis_server(INTSET_ENTRIES) as port:
+    with redis_server(args.intset_entries) as port:
         for name, blocks, sharing, starts in shapes:
             chains = sessions_of(args.entries, blocks, sharing, args.seed)
             entries = sum(len(c) for c in chains)
@@ -112,10 +112,16 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--blocks", type=int, default=10, help="blocks per session")
     parser.add_argument("--sharing", type=int, default=4, help="sessions per shared block")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--intset-entries",
+        type=int,
+        default=4096,
+        help="the server's set-max-intset-entries (deploy/README.md recommends 4096)",
+    )
     asyncio.run(run(parser.parse_args()))
 
 
