@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 from collections.abc import Coroutine, Iterator
@@ -292,7 +293,7 @@ def size(
         int, typer.Option(min=1, help="Resident (session, block) entries over the fleet.")
     ],
     sessions: Annotated[
-        int | None, typer.Option(min=1, help="Sessions (default: the measured shape).")
+        int | None, typer.Option(min=1, help="Sessions (default: entries / 100).")
     ] = None,
     blocks_per_worker: Annotated[
         int | None,
@@ -323,6 +324,15 @@ def size(
     from kvsi.sizing import CLUSTER_MIN_MASTERS, Budget, describe, plan, render
 
     with startup_errors():
+        numbers = {
+            "--event-rate": event_rate,
+            "--query-rate": query_rate,
+            "--shard-memory-gib": shard_memory_gib,
+            "--process-memory-gib": process_memory_gib,
+        }
+        for flag, number in numbers.items():
+            if number is not None and not math.isfinite(number):
+                raise StartupError(f"{flag} {number}: must be a finite number")
         if shards is not None and 1 < shards < CLUSTER_MIN_MASTERS:
             raise StartupError(
                 f"--shards {shards}: a Redis Cluster has at least {CLUSTER_MIN_MASTERS} "

@@ -87,9 +87,9 @@ class Measured:
     """Block-events the memory store applies per CPU second at 10,000,000 entries (decode and
     apply). memory_at_size.py."""
 
-    receive_us_per_batch: float = 66.0
-    """µs per message `kvsi serve` spends around the apply (ZMQ receive, the stream's work).
-    ingest_e2e.py, issue 18 item 7, the per-message remainder of `small`."""
+    receive_us_per_batch: float = 89.0
+    """µs per message `kvsi serve` spends around decode and apply (ZMQ receive, the stream's
+    work) on agentic batches. ingest_e2e.py, "Why agentic lost more than small"."""
 
     def redis_bytes(self, fleet: Fleet) -> float:
         """The index in Redis: its entries, its sessions (each on one worker, starting its own
@@ -331,6 +331,15 @@ def shape(fleet: Fleet) -> tuple[float, float]:
     return fleet.entries / fleet.sessions, fleet.entries / (fleet.workers * fleet.blocks_per_worker)
 
 
+def shown_bytes(count: float) -> str:
+    """Bytes in GiB, or in MiB below one GiB."""
+    return f"{count / GIB:,.1f} GiB" if count >= GIB else f"{count / 2**20:,.0f} MiB"
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}es"
+
+
 def render(sized: Plan, measured: Measured = MEASURED) -> str:
     """The plan as the lines `kvsi size` prints."""
     fleet, budget = sized.fleet, sized.budget
@@ -346,17 +355,17 @@ def render(sized: Plan, measured: Measured = MEASURED) -> str:
         f"{budget.process_memory_gib:g} GiB per process",
         "",
         f"Redis: {shards}: {sized.shards_for_memory} for memory, {sized.shards_for_cpu} for CPU",
-        f"  index {sized.redis_bytes / GIB:,.1f} GiB, planned "
-        f"{sized.redis_bytes * budget.memory_headroom / sized.shards / GIB:,.1f} GiB per shard",
+        f"  index {shown_bytes(sized.redis_bytes)}, planned "
+        f"{shown_bytes(sized.redis_bytes * budget.memory_headroom / sized.shards)} per shard",
         f"  CPU {sized.redis_cores:,.2f} cores, {sized.redis_cores / sized.shards:,.2f} per shard",
         f"ingest: {sized.ingest_cores:,.2f} cores: one sidecar per worker "
         f"({sized.ingest_cores / fleet.workers:,.4f} cores each), or "
-        f"{sized.ingest_processes} central processes",
-        f"  mirrors {sized.mirror_bytes / GIB:,.1f} GiB in all, "
-        f"{sized.mirror_bytes / fleet.workers / 2**20:,.1f} MiB per sidecar",
-        f"API: {sized.api_processes} processes for {sized.api_cores:,.2f} cores "
+        f"{counted(sized.ingest_processes, 'central process')}",
+        f"  mirrors {shown_bytes(sized.mirror_bytes)} in all, "
+        f"{shown_bytes(sized.mirror_bytes / fleet.workers)} per sidecar",
+        f"API: {counted(sized.api_processes, 'process')} for {sized.api_cores:,.2f} cores "
         f"({route_us(measured, fleet.workers):,.0f} µs per route)",
-        f"memory store, one process: {sized.memory_store_bytes / GIB:,.1f} GiB, "
+        f"memory store, one process: {shown_bytes(sized.memory_store_bytes)}, "
         f"{sized.memory_store_cores:,.2f} cores: "
         + ("fits" if sized.memory_store_fits else "does not fit"),
         "",

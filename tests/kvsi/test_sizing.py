@@ -155,17 +155,20 @@ def test_the_feed_length_is_the_redis_store_default() -> None:
     assert mirror.FEED_LENGTH == FEED_LENGTH
 
 
-def worked_example() -> tuple[list[str], str]:
-    """The command and the output deploy/SIZING.md shows for its worked example."""
-    text = SIZING_DOC.read_text()
-    found = re.search(r"```bash\n\$ (kvsi size [^\n]+)\n```\n+```text\n(.*?)```", text, re.S)
-    assert found, "deploy/SIZING.md has no worked example (a bash block, then its output)"
-    return shlex.split(found[1])[1:], found[2]
+def worked_examples() -> list[tuple[list[str], str]]:
+    """Each `kvsi size` command deploy/SIZING.md shows (a bash block) and its output (the
+    text block after it)."""
+    found = re.findall(
+        r"```bash\n\$ (kvsi size [^\n]+)\n```\n+```text\n(.*?)```", SIZING_DOC.read_text(), re.S
+    )
+    assert len(found) >= 2, "deploy/SIZING.md lacks its worked example or the 1/100 one"
+    return [(shlex.split(command)[1:], shown) for command, shown in found]
 
 
 @pytest.mark.e2e
-def test_the_docs_worked_example_is_what_kvsi_size_prints() -> None:
-    argv, shown = worked_example()
+@pytest.mark.parametrize("example", [0, 1], ids=["worked", "at-1/100"])
+def test_the_docs_examples_are_what_kvsi_size_prints(example: int) -> None:
+    argv, shown = worked_examples()[example]
     result = subprocess.run(
         [sys.executable, "-m", "kvsi", *argv], capture_output=True, text=True, timeout=60
     )
@@ -173,9 +176,9 @@ def test_the_docs_worked_example_is_what_kvsi_size_prints() -> None:
     assert result.stdout == shown
 
 
-def test_the_command_prints_the_model() -> None:
-    argv, shown = worked_example()
-    value = dict(zip(argv[::2], argv[1::2], strict=True))
+def test_the_worked_example_is_the_model_of_its_flags() -> None:
+    argv, shown = worked_examples()[0]
+    value = dict(zip(argv[1::2], argv[2::2], strict=True))
     fleet = describe(
         int(value["--workers"]),
         int(value["--entries"]),
@@ -184,6 +187,7 @@ def test_the_command_prints_the_model() -> None:
         float(value["--event-rate"]),
         float(value["--query-rate"]),
     )
+    assert fleet.workers == 1_000 and fleet.entries == 100_000_000 and fleet.sessions == 1_000_000
     assert render(plan(fleet)) + "\n" == shown
 
 
