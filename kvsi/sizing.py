@@ -7,6 +7,7 @@ of `Measured`, each named after the bench/README.md section that measured it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -67,12 +68,10 @@ class Measured:
     client_us_per_session_lookup: float = 413.0
     """µs of the API process's CPU per `get_session` at 1,000 workers. directory_reads.py."""
 
-    client_us_per_prefix_match_100: float = 470.0
-    """µs of the API process's CPU per `match_prefix` at 100 workers. directory_reads.py."""
-
-    client_us_per_prefix_match_1000: float = 1_420.0
-    """The same at 1,000 workers: it checks every worker's directory mark once, so it grows
-    with the fleet. directory_reads.py."""
+    client_us_per_prefix_match: tuple[tuple[int, float], ...] = ((100, 470.0), (1_000, 1_420.0))
+    """(workers, µs of the API process's CPU per `match_prefix`) as measured: it checks
+    every worker's directory mark once, so it grows with the fleet. directory_reads.py,
+    "after"."""
 
     api_us_per_route: float = 1_755.0
     """µs of `kvsi serve`'s CPU per `POST /v1/route` over HTTP on the memory store (100
@@ -112,11 +111,12 @@ class Measured:
 
     def client_us_per_route(self, workers: int) -> float:
         """The API process's store reads for one route: the session lookup, flat, and the
-        prefix match, on the line through its two measured fleet sizes."""
-        per_worker = (
-            self.client_us_per_prefix_match_1000 - self.client_us_per_prefix_match_100
-        ) / 900
-        prefix = self.client_us_per_prefix_match_100 + per_worker * (workers - 100)
+        prefix match, on the line through its smallest and largest measured fleets."""
+        (small, at_small), (large, at_large) = (
+            self.client_us_per_prefix_match[0],
+            self.client_us_per_prefix_match[-1],
+        )
+        prefix = at_small + (at_large - at_small) / (large - small) * (workers - small)
         return self.client_us_per_session_lookup + max(prefix, 0.0)
 
     def memory_store_us_per_block_event(self) -> float:
@@ -288,7 +288,7 @@ def plan(
         memory_store_bytes=mirror_bytes,
         memory_store_cores=memory_store_cores,
     )
-    return Plan(**{**sized.__dict__, "bottlenecks": bottlenecks(sized)})
+    return dataclasses.replace(sized, bottlenecks=bottlenecks(sized))
 
 
 def route_us(measured: Measured, workers: int) -> float:

@@ -197,3 +197,27 @@ def test_a_plan_names_every_bottleneck_once() -> None:
     assert len(names) == len(set(names)) == 6
     shown = render(sized)
     assert all(name in shown for name in names)
+
+
+@pytest.mark.parametrize(
+    ("workers", "reads"), [(100, 413 + 470), (1_000, 413 + 1_420), (10_000, 413 + 470 + 10_450)]
+)
+def test_a_routes_reads_follow_the_measured_line_through_the_fleet(
+    workers: int, reads: float
+) -> None:
+    measured = dataclasses.replace(
+        MEASURED,
+        client_us_per_session_lookup=413.0,
+        client_us_per_prefix_match=((100, 470.0), (1_000, 1_420.0)),
+    )
+    assert measured.client_us_per_route(workers) == pytest.approx(reads)
+
+
+def test_a_measured_constant_is_read_from_one_place() -> None:
+    busy = dataclasses.replace(BASE, query_rate=0)
+    doubled = dataclasses.replace(MEASURED, redis_us_per_batch=2 * MEASURED.redis_us_per_batch)
+    assert plan(busy, measured=doubled).redis_cores == pytest.approx(2 * plan(busy).redis_cores)
+    bigger = dataclasses.replace(MEASURED, redis_bytes_per_entry=MEASURED.redis_bytes_per_entry + 1)
+    assert plan(busy, measured=bigger).redis_bytes == pytest.approx(
+        plan(busy).redis_bytes + BASE.entries
+    )
