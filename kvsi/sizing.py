@@ -55,23 +55,25 @@ class Measured:
     """Block-events per batch of the agentic workload those two figures were measured on
     (458,264 block-events in 4 streams of 2,000 batches). ingest_redis.py."""
 
-    redis_us_per_session_lookup: float = 211.0
-    """µs of Redis CPU per `get_session` at 1,000 workers. directory_reads.py, "after"."""
+    redis_us_per_session_lookup: float = 66.0
+    """µs of Redis CPU per `get_session` at 1,000 workers. directory_reads.py, "Reads that
+    cost the same at every fleet size"."""
 
-    redis_us_per_prefix_match: float = 366.0
-    """µs of Redis CPU per `match_prefix` at 1,000 workers. directory_reads.py, "after"."""
+    redis_us_per_prefix_match: float = 125.0
+    """µs of Redis CPU per `match_prefix` at 1,000 workers. directory_reads.py, "Reads that
+    cost the same at every fleet size"."""
 
     redis_commands_per_route: int = 5 + 15
     """Redis commands per route: a session lookup (5) and a prefix match (15), flat in the
     fleet's size. directory_reads.py, "after"."""
 
-    client_us_per_session_lookup: float = 413.0
-    """µs of the API process's CPU per `get_session` at 1,000 workers. directory_reads.py."""
+    client_us_per_session_lookup: float = 157.0
+    """µs of the API process's CPU per `get_session` at 1,000 workers. directory_reads.py,
+    "Reads that cost the same at every fleet size"."""
 
-    client_us_per_prefix_match: tuple[tuple[int, float], ...] = ((100, 470.0), (1_000, 1_420.0))
-    """(workers, µs of the API process's CPU per `match_prefix`) as measured: it checks
-    every worker's directory mark once, so it grows with the fleet. directory_reads.py,
-    "after"."""
+    client_us_per_prefix_match: tuple[tuple[int, float], ...] = ((100, 117.0), (1_000, 177.0))
+    """(workers, µs of the API process's CPU per `match_prefix`) as measured, nearly flat.
+    directory_reads.py, "Reads that cost the same at every fleet size"."""
 
     api_us_per_route: float = 1_755.0
     """µs of `kvsi serve`'s CPU per `POST /v1/route` over HTTP on the memory store (100
