@@ -76,6 +76,12 @@ def registry_key(prefix: str) -> str:
     return f"{prefix}:workers"
 
 
+def states_key(prefix: str) -> str:
+    """A counter a writer increments after it changed a worker's state (status.lua said so):
+    a reader reads every worker's state again only when it moved (or its registry did)."""
+    return f"{prefix}:states"
+
+
 def retired_key(prefix: str) -> str:
     """Sessions seen on removed workers (-last_seen, as a worker's seen set): a session
     outlives the workers it was seen on until it expires, as in the memory store."""

@@ -59,6 +59,7 @@ from kvsi.store.redis.layout import (
     registry_key,
     residency_time,
     retired_key,
+    states_key,
     worker_member,
 )
 from kvsi.store.redis.plan import MAX_ARGS, Arg
@@ -76,6 +77,10 @@ reads: a few ms of Redis each, so the routes' reads interleave."""
 LOSS_CHUNK = 1
 """Workers `worker_losses` sums per round trip: losses.lua holds Redis for time in
 proportion to a worker's residencies, so reads wait behind at most one worker's sum."""
+
+STATES_READ_SECONDS = 30.0
+"""Longest a reader trusts the states counter alone: every worker's state is read again at
+least this often (a writer that died between a status and the counter's INCR)."""
 
 Place = tuple[float, str]
 """A session's place in the listing: (-last_seen, session id), ascending."""
@@ -287,6 +292,7 @@ class RedisReader:
         self._client = client
         self._prefix = check_prefix(prefix)
         self._registry_key = registry_key(prefix)
+        self._states_key = states_key(prefix)
         self._retired_key = retired_key(prefix)
         self._registry_ttl = registry_ttl
         self._registry: KnownWorkers | None = None
@@ -309,8 +315,12 @@ class RedisReader:
         self._states_at = -math.inf
         self._states_version = -1
         """The registry's version when `_states` was last found to cover it."""
+        self._states_counter: bytes | None = None
+        self._states_read_at = -math.inf
+        """The states counter (`states_key`) before the last read of every worker's state,
+        and when that read began."""
         self._registry_refresh = SharedCall(self._read_registry)
-        self._states_refresh = SharedCall(self._read_states)
+        self._states_refresh = SharedCall(self._refresh_states)
         """One read of each cache at a time: when it goes stale under load, the requests in
         flight would each have read all of it again (a pipeline of 200 commands per request
         over 100 workers, a stall of tens of ms), they now wait for the one read."""
@@ -805,10 +815,26 @@ class RedisReader:
             return True
         return False
 
+    async def _refresh_states(self) -> None:
+        """The states cache, at most `registry_ttl` old: one GET of the states counter while
+        no writer changed a state (and at least every `STATES_READ_SECONDS`, for a writer that
+        died between its status and the counter), else every worker's state read again."""
+        started = time.monotonic()
+        if started - self._states_read_at < STATES_READ_SECONDS:
+            counter = cast(bytes | None, await self._client.get(self._states_key))
+            if counter == self._states_counter:
+                self._states_at = started
+                return
+        await self._read_states()
+
     async def _read_states(self) -> None:
         started = time.monotonic()
+        # The counter before the states: a change after it moves it again.
+        counter = cast(bytes | None, await self._client.get(self._states_key))
         found = await self._meta_field(await self._known(), "state")
         self._keep_states({w: _state(state) for w, state in found.items()}, started)
+        self._states_counter = counter
+        self._states_read_at = started
 
     def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:
         self._states = states

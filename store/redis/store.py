@@ -464,14 +464,15 @@ class RedisStore(RedisReader, RedisInstances):
     async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
         """status.lua on the worker's meta (which also adds a feed record when the state or
         detail changed, atomically: once, whichever process wrote), and SADD to the
-        registry, concurrently. Not versioned: the status is no part of the index a mirror
+        registry, concurrently; then, if the state or detail changed, INCR of the states
+        counter readers check. Not versioned: the status is no part of the index a mirror
         copies. O(1)."""
         keys = self.worker_keys(worker)
         change = WorkerChange(
             worker.pod, worker.dp_rank, status.state.value, status.since, status.detail
         )
         record = FeedRecord(worker.pod, worker.dp_rank, status.since, state=change)
-        await asyncio.gather(
+        _, changed = await asyncio.gather(
             self._client.sadd(self._registry_key, worker_member(worker)),
             self._status_script(
                 keys=[keys.meta, keys.feed],
@@ -491,6 +492,8 @@ class RedisStore(RedisReader, RedisInstances):
                 ],
             ),
         )
+        if changed:  # after the status: a reader that sees the count reads the new state
+            await self._client.incr(self._states_key)
         if self._registry is not None:
             self._registry.add(worker)
 

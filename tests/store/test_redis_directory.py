@@ -35,6 +35,7 @@ from kvsi.store.records import Residency
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys, worker_member
 from tests.redis_servers import RedisClusterServers, RedisServer
+from tests.store.commandstats import calls
 from tests.store.conftest import MakeStore
 
 WORKERS = [WorkerKey(f"pod-{i}", 0) for i in range(40)]
@@ -56,11 +57,6 @@ def hinted(raw: redis.Redis, prefix: str, session: str) -> set[str]:
 
 def block_hinted(raw: redis.Redis, prefix: str, h: int) -> set[str]:
     return {m.decode() for m in raw.zrange(block_key(prefix, h), 0, -1)}
-
-
-def calls(raw: redis.Redis, command: str) -> int:
-    stats = raw.info("commandstats").get(f"cmdstat_{command}")
-    return int(stats["calls"]) if stats else 0
 
 
 # -- the rule -------------------------------------------------------------------------------

@@ -267,7 +267,8 @@ async def test_requests_meeting_a_stale_cache_share_one_read_of_it(
         await writer.apply(w, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     reader = await make_store(registry_ttl="0.05")
     await reader.worker_states()
-    await asyncio.sleep(0.06)  # both caches stale now
+    await writer.set_status(workers[0], WorkerStatus(state=WorkerState.LIVE, since=2.0))
+    await asyncio.sleep(0.06)  # both caches stale now, and a state changed
     raw.config_resetstat()
     answers = await asyncio.gather(*(reader.worker_states() for _ in range(30)))
     assert all(a == answers[0] for a in answers) and set(answers[0]) == set(workers)
