@@ -46,6 +46,8 @@ PREFILL_SESSIONS_PER_BATCH = 64
 STORES_PER_BATCH = 8
 BLOCKS_PER_STORE = 4
 LOAD_SESSIONS = 1_000
+"""Steady-ingest sessions (at least one per worker): session `load-<n>` stores on worker
+n % workers only, each store continuing the session's chain there."""
 LOAD_BLOCKS_PER_WORKER = 1_000
 """Steady-ingest blocks kept per worker before each store evicts as many (100,000 in all)."""
 TOKENS = list(range(BLOCKS_PER_STORE * 16))
@@ -69,10 +71,13 @@ def worker_of(session: int, workers: int) -> int:
     return session % workers
 
 
-def stored(hashes: list[int], session: str, tokens: list[int]) -> BlockStored:
+def stored(
+    hashes: list[int], session: str, tokens: list[int], parent: int | None = None
+) -> BlockStored:
+    """A store of `hashes`; `parent` None starts a prompt (vLLM's position 0)."""
     return BlockStored(
         block_hashes=list(hashes),
-        parent_block_hash=None,
+        parent_block_hash=parent,
         token_ids=tokens,
         block_size=16,
         lora_id=None,
@@ -100,6 +105,8 @@ class Fleet:
         ]
         self._rng = random.Random(1)
         self._live: list[list[int]] = [[] for _ in range(workers)]
+        self._tails: dict[str, int] = {}
+        """The last block each steady session stored: the parent of its next store."""
         self._next = 0
         self.block_events = 0
 
@@ -119,15 +126,19 @@ class Fleet:
             for w, p in enumerate(self.pubs)
         ]
 
+    def prefill_batches(self, w: int, sessions: int) -> Iterator[list[KVCacheEvent]]:
+        """Worker `w`'s share of the prefill: its sessions' chains, 64 sessions a batch."""
+        mine = range(w, sessions, len(self.pubs))
+        for start in range(0, len(mine), PREFILL_SESSIONS_PER_BATCH):
+            chunk = mine[start : start + PREFILL_SESSIONS_PER_BATCH]
+            yield [stored(session_hashes(s), f"sess-{s}", []) for s in chunk]
+
     async def prefill(self, sessions: int) -> None:
         """Every session's chain on its worker, published before anyone subscribes: the
         service gets it by replay, as a late-joining subscriber does."""
-        workers = len(self.pubs)
         for w, pub in enumerate(self.pubs):
-            mine = range(w, sessions, workers)
-            for start in range(0, len(mine), PREFILL_SESSIONS_PER_BATCH):
-                chunk = mine[start : start + PREFILL_SESSIONS_PER_BATCH]
-                await pub.publish([stored(session_hashes(s), f"sess-{s}", []) for s in chunk])
+            for events in self.prefill_batches(w, sessions):
+                await pub.publish(events)
 
     async def steady(self, rate: float) -> None:
         """Publish `rate` block-events/s until cancelled, round robin over the workers."""
@@ -141,17 +152,24 @@ class Fleet:
 
     async def _publish_next(self) -> int:
         """One batch: 8 stores of 4 fresh blocks, and once a worker holds its share of
-        steady blocks, the evictions of as many old ones. Returns its block-events."""
+        steady blocks, the evictions of as many old ones. Returns its block-events.
+
+        Each store continues its session's chain on the worker (its parent is the session's
+        last block), as vLLM names the parent of every store but a prompt's first: only a
+        session's first store asserts a first block in the Redis block directory."""
+        workers = len(self.pubs)
+        per_worker = max(1, LOAD_SESSIONS // workers)
         w = self._next
-        self._next = (w + 1) % len(self.pubs)
+        self._next = (w + 1) % workers
         live = self._live[w]
         events: list[KVCacheEvent] = []
         n = STORES_PER_BATCH * BLOCKS_PER_STORE
         for _ in range(STORES_PER_BATCH):
             fresh = [self._rng.getrandbits(64) for _ in range(BLOCKS_PER_STORE)]
             live.extend(fresh)
-            session = f"load-{self._rng.randrange(LOAD_SESSIONS)}"
-            events.append(stored(fresh, session, TOKENS))
+            session = f"load-{w + workers * self._rng.randrange(per_worker)}"
+            events.append(stored(fresh, session, TOKENS, self._tails.get(session)))
+            self._tails[session] = fresh[-1]
         while len(live) > LOAD_BLOCKS_PER_WORKER:
             old, live[:] = live[:BLOCKS_PER_STORE], live[BLOCKS_PER_STORE:]
             events.append(BlockRemoved(block_hashes=list(old), medium="GPU"))
