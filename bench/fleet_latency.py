@@ -250,9 +250,13 @@ async def run(args: argparse.Namespace, url: str, ports: list[int]) -> list[dict
                 raise
             print(f"every worker live {time.monotonic() - started:.1f} s", flush=True)
             bases = [base, *ingest]
+            async with ingesting(fleet, args.ingest_rate), asyncio.timeout(BUILD_SECONDS):
+                await caught_up(fleet, ingest, args.ingest_rate)
             async with measuring(args.lock):
                 quiet = await point(args, fleet, bases, port, ports, args.quiet_rps, "no ingest")
-                return [quiet, *await loaded(args, fleet, bases, port, ports)]
+                async with ingesting(fleet, args.ingest_rate):
+                    await asyncio.sleep(args.warmup)
+                    return [quiet, *await loaded(args, fleet, bases, port, ports)]
     finally:
         await fleet.close()
 
@@ -282,18 +286,21 @@ async def measuring(lock: str | None) -> AsyncIterator[None]:
 async def loaded(
     args: argparse.Namespace, fleet: Fleet, bases: list[str], port: int, ports: list[int]
 ) -> list[dict[str, Any]]:
-    """Every rps point of every run, with the steady ingest running."""
-    steady = asyncio.create_task(fleet.steady(args.ingest_rate))
+    """Every rps point of every run (the steady ingest running)."""
+    rates = [float(r) for r in args.rps.split(",")]
+    results = []
+    for n in range(args.runs):
+        for rps in rates if n % 2 == 0 else rates[::-1]:
+            results.append(await point(args, fleet, bases, port, ports, rps, str(n + 1)))
+    return results
+
+
+@contextlib.asynccontextmanager
+async def ingesting(fleet: Fleet, rate: float) -> AsyncIterator[None]:
+    """The publishers' steady load while inside."""
+    steady = asyncio.create_task(fleet.steady(rate))
     try:
-        async with asyncio.timeout(BUILD_SECONDS):
-            await caught_up(fleet, bases[1:], args.ingest_rate)
-        await asyncio.sleep(args.warmup)
-        rates = [float(r) for r in args.rps.split(",")]
-        results = []
-        for n in range(args.runs):
-            for rps in rates if n % 2 == 0 else rates[::-1]:
-                results.append(await point(args, fleet, bases, port, ports, rps, str(n + 1)))
-        return results
+        yield
     finally:
         steady.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -330,6 +337,7 @@ async def point(
         "workers": args.workers,
         "commands_per_request": commands,
         "redis_us_per_request": cpu_us,
+        "api_us_per_request": report["cpu"]["service"] * wall / report["sent"] * 1e6,
         "idle_commands_per_s": idle.calls / idle.seconds,
         "shard_ops": load.ops,
         "shard_memory_mib": [m / 2**20 for m in load.memory],
@@ -348,7 +356,8 @@ def redis_line(r: dict[str, Any]) -> str:
     memory = "/".join(f"{m:,.0f}" for m in r["shard_memory_mib"])
     return (
         f"    redis: {r['commands_per_request']:.1f} commands/request, "
-        f"{r['redis_us_per_request']:.0f} us CPU/request (idle window "
+        f"{r['redis_us_per_request']:.0f} us CPU/request, API {r['api_us_per_request']:.0f} us "
+        f"CPU/request (idle window "
         f"{r['idle_commands_per_s']:,.0f} commands/s); per shard ops/s {ops}, "
         f"used_memory MiB {memory}"
     )
@@ -369,10 +378,10 @@ def medians(results: list[dict[str, Any]], redis_kind: str) -> None:
     print("\nmedians over runs:")
     print("| Redis | workers | rps | achieved | route p50 | route p99 | route max | session p50 "
           "| session p99 | session max | errors | ingest/s | commands/request "
-          "| Redis CPU us/request | shard ops/s | shard MiB | API CPU | ingest CPU "
-          "| Redis CPU |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
-          "---:|---:|---:|")  # fmt: skip
+          "| Redis CPU us/request | API CPU us/request | shard ops/s | shard MiB | API CPU "
+          "| ingest CPU | Redis CPU | others' CPU |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+          "---:|---:|---:|---:|")  # fmt: skip
     for name in dict.fromkeys(r["point"] for r in results):
         runs = [r for r in results if r["point"] == name]
         cells = [redis_kind, f"{runs[0]['workers']:,}", name]
@@ -390,11 +399,13 @@ def medians(results: list[dict[str, Any]], redis_kind: str) -> None:
             f"{_median(runs, 'ingest_applied'):,.0f}",
             f"{_median(runs, 'commands_per_request'):.1f}",
             f"{_median(runs, 'redis_us_per_request'):.0f}",
+            f"{_median(runs, 'api_us_per_request'):,.0f}",
             " / ".join(f"{o:,.0f}" for o in ops),
             " / ".join(f"{m:,.0f}" for m in memory),
             f"{_median(runs, 'cpu', 'service'):.0%}",
             f"{_median(runs, 'cpu', 'ingest'):.0%}",
             f"{_median(runs, 'cpu', 'redis'):.0%}",
+            f"{_median(runs, 'cpu', 'others'):.0%}",
         ]
         print("| " + " | ".join(cells) + " |")
 
