@@ -343,6 +343,7 @@ async def point(
         "shard_memory_mib": [m / 2**20 for m in load.memory],
     }
     report["cpu"]["redis"] = load.cpu / wall
+    report["cpu"]["others"] -= report["cpu"]["redis"]  # measure() counted Redis as others
     print(line(report), flush=True)
     print(redis_line(report), flush=True)
     for kind in report["kinds"].values():
