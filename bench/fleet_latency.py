@@ -61,6 +61,10 @@ LOADING = 8
 INTSET_ENTRIES = 8192
 """`set-max-intset-entries`: at 10 workers a part holds 1,000,000 entries, ~7,800 per
 entry-index bucket; store/README.md says to raise it with the part size."""
+CLUSTER_CONNECTIONS = 1024
+"""redis-py's cluster client opens at most 100 connections per node by default and raises
+MaxConnectionsError beyond (it does not wait): 1,000 streams of one ingest process, each
+with a call in flight, exceed it (the first trial logged hundreds a second)."""
 INFO_CALLS = 1
 """Commands a shard sample adds between two samples (its INFO)."""
 STEADY_EVENTS_PER_BATCH = (STORES_PER_BATCH + STORES_PER_BATCH) * BLOCKS_PER_STORE
@@ -204,7 +208,8 @@ def servers(kind: str) -> Iterator[tuple[str, list[int]]]:
         cluster = RedisClusterServers(*options)
         try:
             cluster.start()
-            yield f"{cluster.url}?prefix=bench", [n.port for n in cluster.nodes]
+            url = f"{cluster.url}?prefix=bench&max_connections={CLUSTER_CONNECTIONS}"
+            yield url, [n.port for n in cluster.nodes]
         finally:
             cluster.remove()
     else:
