@@ -428,7 +428,7 @@ def main() -> None:
         "--quiet-rps", type=float, default=300, help="rate of the point without ingest"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs of every point")
-    parser.add_argument("--ingest-rate", type=float, default=20_000, help="block-events/s")
+    parser.add_argument("--ingest-rate", type=float, default=10_000, help="block-events/s")
     parser.add_argument("--ingest-processes", type=int, default=1)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--lock", help="a file to flock while measuring (after the build)")
