@@ -193,7 +193,10 @@ async def caught_up(fleet: Fleet, ingest: list[str], rate: float) -> None:
     first_round = len(fleet.pubs) * STEADY_EVENTS_PER_BATCH / rate
     await asyncio.sleep(first_round + 1)
     while True:
-        behind = fleet.block_events - await asyncio.to_thread(applied, ingest)
+        try:
+            behind = fleet.block_events - await asyncio.to_thread(applied, ingest)
+        except httpx.HTTPError:  # its loop busy loading mirrors: not yet
+            behind = rate + 1
         if behind <= rate:
             break
         await asyncio.sleep(1)
