@@ -37,19 +37,24 @@ from route_latency import (
     BUILD_SECONDS,
     STORES_PER_BATCH,
     Fleet,
+    cpu_cells,
     free_port,
     line,
     measure,
+    median_of,
     metric,
+    point_cells,
     service,
     settled,
     until_built,
 )
 
 from kvsi.logs import configure_logging
-from kvsi.store.model import Batch, WorkerKey
+from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.store.model import Batch, StoreEvent, WorkerKey
 from kvsi.store.redis import RedisStore
-from kvsi.subscriber.decode import ingest_decoder
+from kvsi.subscriber.decode import BatchDecoder, ingest_decoder
+from kvsi.subscriber.wire import KVCacheEvent
 
 sys.path.insert(0, str(REPO))
 from tests.redis_servers import RedisClusterServers, RedisServer
@@ -157,6 +162,17 @@ def api_share(point: Window, idle: Window, requests: int) -> tuple[float, float]
     return calls / requests, cpu / requests * 1e6
 
 
+async def published(
+    pub: SimulatedPublisher, decoder: BatchDecoder[StoreEvent], events: list[KVCacheEvent]
+) -> Batch:
+    """Publish `events` (nobody subscribes yet: the replay buffer keeps them) and return the
+    batch as a stream would decode it."""
+    payload = pub.encode(events)
+    seq = await pub.publish_payload(payload)
+    decoded = decoder.decode(payload)
+    return Batch(seq, decoded.ts, decoded.events)
+
+
 async def bulk_load(fleet: Fleet, url: str, sessions: int) -> None:
     """Every worker's prefill, published then written through `RedisStore.apply_many`."""
     store = RedisStore.from_url(url)
@@ -166,18 +182,11 @@ async def bulk_load(fleet: Fleet, url: str, sessions: int) -> None:
         decoder = ingest_decoder()
         pub = fleet.pubs[w]
         key = WorkerKey(f"vllm-{w}", 0)
-        batches: list[Batch] = []
         async with gate:
-            for events in fleet.prefill_batches(w, sessions):
-                payload = pub.encode(events)
-                seq = await pub.publish_payload(payload)
-                decoded = decoder.decode(payload)
-                batches.append(Batch(seq, decoded.ts, decoded.events))
-                if len(batches) == RUN:
-                    await store.apply_many(key, batches)
-                    batches = []
-            if batches:
-                await store.apply_many(key, batches)
+            prefill = fleet.prefill_batches(w, sessions)
+            batches = [await published(pub, decoder, events) for events in prefill]
+            for start in range(0, len(batches), RUN):
+                await store.apply_many(key, batches[start : start + RUN])
 
     try:
         await asyncio.gather(*(one(w) for w in range(len(fleet.pubs))))
@@ -372,16 +381,6 @@ def redis_line(r: dict[str, Any]) -> str:
     )
 
 
-def _median(runs: list[dict[str, Any]], key: str, *path: str) -> float:
-    values = []
-    for r in runs:
-        value: Any = r[key]
-        for step in path:
-            value = value[step]
-        values.append(float(value))
-    return statistics.median(values)
-
-
 def medians(results: list[dict[str, Any]], redis_kind: str) -> None:
     """The table of bench/README.md: medians over runs of each point (errors: the sum)."""
     print("\nmedians over runs:")
@@ -393,28 +392,17 @@ def medians(results: list[dict[str, Any]], redis_kind: str) -> None:
           "---:|---:|---:|---:|")  # fmt: skip
     for name in dict.fromkeys(r["point"] for r in results):
         runs = [r for r in results if r["point"] == name]
-        cells = [redis_kind, f"{runs[0]['workers']:,}", name]
-        cells.append(f"{_median(runs, 'achieved_rps'):.0f}")
-        for kind in ("route", "session"):
-            cells += [
-                f"{_median(runs, 'kinds', kind, q):.2f}" for q in ("p50_ms", "p99_ms", "max_ms")
-            ]
-        errors = sum(sum(k["errors"].values()) for r in runs for k in r["kinds"].values())
+        cells = [redis_kind, f"{runs[0]['workers']:,}", name, *point_cells(runs)]
         shard_count = len(runs[0]["shard_ops"])
         ops = [statistics.median(r["shard_ops"][i] for r in runs) for i in range(shard_count)]
         memory = [runs[-1]["shard_memory_mib"][i] for i in range(shard_count)]
         cells += [
-            str(errors),
-            f"{_median(runs, 'ingest_applied'):,.0f}",
-            f"{_median(runs, 'commands_per_request'):.1f}",
-            f"{_median(runs, 'redis_us_per_request'):.0f}",
-            f"{_median(runs, 'api_us_per_request'):,.0f}",
+            f"{median_of(runs, 'commands_per_request'):.1f}",
+            f"{median_of(runs, 'redis_us_per_request'):.0f}",
+            f"{median_of(runs, 'api_us_per_request'):,.0f}",
             " / ".join(f"{o:,.0f}" for o in ops),
             " / ".join(f"{m:,.0f}" for m in memory),
-            f"{_median(runs, 'cpu', 'service'):.0%}",
-            f"{_median(runs, 'cpu', 'ingest'):.0%}",
-            f"{_median(runs, 'cpu', 'redis'):.0%}",
-            f"{_median(runs, 'cpu', 'others'):.0%}",
+            *cpu_cells(runs),
         ]
         print("| " + " | ".join(cells) + " |")
 

@@ -433,7 +433,7 @@ def _errors(errors: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{why} {n}" for why, n in sorted(errors.items())) + ")"
 
 
-def _median(runs: list[dict[str, Any]], *path: str) -> float:
+def median_of(runs: list[dict[str, Any]], *path: str) -> float:
     """The median over runs of the figure at `path` in each run's report."""
     values = []
     for r in runs:
@@ -442,6 +442,23 @@ def _median(runs: list[dict[str, Any]], *path: str) -> float:
             value = value[key]
         values.append(float(value))
     return statistics.median(values)
+
+
+def point_cells(runs: list[dict[str, Any]]) -> list[str]:
+    """A point's achieved rps, p50/p99/max per kind, errors and ingest/s: the medians over
+    its runs (errors: the sum)."""
+    cells = [f"{median_of(runs, 'achieved_rps'):.0f}"]
+    for kind in ("route", "session"):
+        quantiles = ("p50_ms", "p99_ms", "max_ms")
+        cells += [f"{median_of(runs, 'kinds', kind, q):.2f}" for q in quantiles]
+    errors = sum(sum(k["errors"].values()) for r in runs for k in r["kinds"].values())
+    return [*cells, str(errors), f"{median_of(runs, 'ingest_applied'):,.0f}"]
+
+
+def cpu_cells(runs: list[dict[str, Any]]) -> list[str]:
+    """A point's CPU shares (service, ingest, Redis, others): the medians over its runs."""
+    processes = ("service", "ingest", "redis", "others")
+    return [f"{median_of(runs, 'cpu', who):.0%}" for who in processes]
 
 
 def medians(results: list[dict[str, Any]]) -> None:
@@ -453,19 +470,10 @@ def medians(results: list[dict[str, Any]]) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rps in sorted({r["rps"] for r in results}):
         runs = [r for r in results if r["rps"] == rps]
-        cells = [f"{rps:g}", f"{_median(runs, 'achieved_rps'):.0f}"]
-        for kind in ("route", "session"):
-            cells += [
-                f"{_median(runs, 'kinds', kind, q):.2f}" for q in ("p50_ms", "p99_ms", "max_ms")
-            ]
-        errors = sum(sum(k["errors"].values()) for r in runs for k in r["kinds"].values())
-        cells += [
-            str(errors),
-            f"{_median(runs, 'ingest_applied'):,.0f}",
-            f"{_median(runs, 'cpu', 'service'):.0%}",
-            f"{_median(runs, 'cpu', 'ingest'):.0%}",
-            f"{_median(runs, 'cpu', 'redis'):.0%}",
-            f"{_median(runs, 'cpu', 'others'):.0%}",
+        cells = [
+            f"{rps:g}",
+            *point_cells(runs),
+            *cpu_cells(runs),
         ]
         print("| " + " | ".join(cells) + " |")
 
