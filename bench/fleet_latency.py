@@ -35,6 +35,7 @@ from route_latency import (
     BLOCKS_PER_SESSION,
     BLOCKS_PER_STORE,
     BUILD_SECONDS,
+    METRICS_SECONDS,
     STORES_PER_BATCH,
     Fleet,
     cpu_cells,
@@ -108,7 +109,7 @@ def shards(ports: list[int]) -> list[Shard]:
 
 def applied(bases: list[str]) -> float:
     """Block-events the ingest processes applied so far."""
-    texts = [httpx.get(f"{base}/metrics", timeout=10).text for base in bases]
+    texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in bases]
     return sum(metric(t, "kvsi_fleet_block_events_total") for t in texts)
 
 

@@ -59,6 +59,9 @@ BUILD_SECONDS = 600
 """Longest wait for the service to build the index by replay (or to settle after a point)
 before the run is abandoned."""
 SETTLED_SECONDS = 0.02
+METRICS_SECONDS = 120
+"""Longest wait for a process's /metrics: after an overloaded point it answers behind the
+backlog of requests the loadgen gave up on."""
 
 
 def session_hashes(session: int) -> list[int]:
@@ -235,7 +238,7 @@ def machine_cpu() -> float:
 
 def sample(bases: list[str], redis_port: int | None) -> Sample:
     """Metrics summed over the service's processes (`bases`: each one's /metrics root)."""
-    texts = [httpx.get(f"{base}/metrics", timeout=10).text for base in bases]
+    texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in bases]
     text = "".join(texts)
     redis_cpu = 0.0
     if redis_port is not None:
