@@ -46,6 +46,8 @@ PREFILL_SESSIONS_PER_BATCH = 64
 STORES_PER_BATCH = 8
 BLOCKS_PER_STORE = 4
 LOAD_SESSIONS = 1_000
+"""Steady-ingest sessions (at least one per worker): session `load-<n>` stores on worker
+n % workers only, each store continuing the session's chain there."""
 LOAD_BLOCKS_PER_WORKER = 1_000
 """Steady-ingest blocks kept per worker before each store evicts as many (100,000 in all)."""
 TOKENS = list(range(BLOCKS_PER_STORE * 16))
@@ -57,6 +59,9 @@ BUILD_SECONDS = 600
 """Longest wait for the service to build the index by replay (or to settle after a point)
 before the run is abandoned."""
 SETTLED_SECONDS = 0.02
+METRICS_SECONDS = 120
+"""Longest wait for a process's /metrics: after an overloaded point it answers behind the
+backlog of requests the loadgen gave up on."""
 
 
 def session_hashes(session: int) -> list[int]:
@@ -69,10 +74,13 @@ def worker_of(session: int, workers: int) -> int:
     return session % workers
 
 
-def stored(hashes: list[int], session: str, tokens: list[int]) -> BlockStored:
+def stored(
+    hashes: list[int], session: str, tokens: list[int], parent: int | None = None
+) -> BlockStored:
+    """A store of `hashes`; `parent` None starts a prompt (vLLM's position 0)."""
     return BlockStored(
         block_hashes=list(hashes),
-        parent_block_hash=None,
+        parent_block_hash=parent,
         token_ids=tokens,
         block_size=16,
         lora_id=None,
@@ -100,6 +108,8 @@ class Fleet:
         ]
         self._rng = random.Random(1)
         self._live: list[list[int]] = [[] for _ in range(workers)]
+        self._tails: dict[str, int] = {}
+        """The last block each steady session stored: the parent of its next store."""
         self._next = 0
         self.block_events = 0
 
@@ -119,15 +129,19 @@ class Fleet:
             for w, p in enumerate(self.pubs)
         ]
 
+    def prefill_batches(self, w: int, sessions: int) -> Iterator[list[KVCacheEvent]]:
+        """Worker `w`'s share of the prefill: its sessions' chains, 64 sessions a batch."""
+        mine = range(w, sessions, len(self.pubs))
+        for start in range(0, len(mine), PREFILL_SESSIONS_PER_BATCH):
+            chunk = mine[start : start + PREFILL_SESSIONS_PER_BATCH]
+            yield [stored(session_hashes(s), f"sess-{s}", []) for s in chunk]
+
     async def prefill(self, sessions: int) -> None:
         """Every session's chain on its worker, published before anyone subscribes: the
         service gets it by replay, as a late-joining subscriber does."""
-        workers = len(self.pubs)
         for w, pub in enumerate(self.pubs):
-            mine = range(w, sessions, workers)
-            for start in range(0, len(mine), PREFILL_SESSIONS_PER_BATCH):
-                chunk = mine[start : start + PREFILL_SESSIONS_PER_BATCH]
-                await pub.publish([stored(session_hashes(s), f"sess-{s}", []) for s in chunk])
+            for events in self.prefill_batches(w, sessions):
+                await pub.publish(events)
 
     async def steady(self, rate: float) -> None:
         """Publish `rate` block-events/s until cancelled, round robin over the workers."""
@@ -141,17 +155,24 @@ class Fleet:
 
     async def _publish_next(self) -> int:
         """One batch: 8 stores of 4 fresh blocks, and once a worker holds its share of
-        steady blocks, the evictions of as many old ones. Returns its block-events."""
+        steady blocks, the evictions of as many old ones. Returns its block-events.
+
+        Each store continues its session's chain on the worker (its parent is the session's
+        last block), as vLLM names the parent of every store but a prompt's first: only a
+        session's first store asserts a first block in the Redis block directory."""
+        workers = len(self.pubs)
+        per_worker = max(1, LOAD_SESSIONS // workers)
         w = self._next
-        self._next = (w + 1) % len(self.pubs)
+        self._next = (w + 1) % workers
         live = self._live[w]
         events: list[KVCacheEvent] = []
         n = STORES_PER_BATCH * BLOCKS_PER_STORE
         for _ in range(STORES_PER_BATCH):
             fresh = [self._rng.getrandbits(64) for _ in range(BLOCKS_PER_STORE)]
             live.extend(fresh)
-            session = f"load-{self._rng.randrange(LOAD_SESSIONS)}"
-            events.append(stored(fresh, session, TOKENS))
+            session = f"load-{w + workers * self._rng.randrange(per_worker)}"
+            events.append(stored(fresh, session, TOKENS, self._tails.get(session)))
+            self._tails[session] = fresh[-1]
         while len(live) > LOAD_BLOCKS_PER_WORKER:
             old, live[:] = live[:BLOCKS_PER_STORE], live[BLOCKS_PER_STORE:]
             events.append(BlockRemoved(block_hashes=list(old), medium="GPU"))
@@ -217,7 +238,7 @@ def machine_cpu() -> float:
 
 def sample(bases: list[str], redis_port: int | None) -> Sample:
     """Metrics summed over the service's processes (`bases`: each one's /metrics root)."""
-    texts = [httpx.get(f"{base}/metrics", timeout=10).text for base in bases]
+    texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in bases]
     text = "".join(texts)
     redis_cpu = 0.0
     if redis_port is not None:
@@ -415,7 +436,7 @@ def _errors(errors: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{why} {n}" for why, n in sorted(errors.items())) + ")"
 
 
-def _median(runs: list[dict[str, Any]], *path: str) -> float:
+def median_of(runs: list[dict[str, Any]], *path: str) -> float:
     """The median over runs of the figure at `path` in each run's report."""
     values = []
     for r in runs:
@@ -424,6 +445,23 @@ def _median(runs: list[dict[str, Any]], *path: str) -> float:
             value = value[key]
         values.append(float(value))
     return statistics.median(values)
+
+
+def point_cells(runs: list[dict[str, Any]]) -> list[str]:
+    """A point's achieved rps, p50/p99/max per kind, errors and ingest/s: the medians over
+    its runs (errors: the sum)."""
+    cells = [f"{median_of(runs, 'achieved_rps'):.0f}"]
+    for kind in ("route", "session"):
+        quantiles = ("p50_ms", "p99_ms", "max_ms")
+        cells += [f"{median_of(runs, 'kinds', kind, q):.2f}" for q in quantiles]
+    errors = sum(sum(k["errors"].values()) for r in runs for k in r["kinds"].values())
+    return [*cells, str(errors), f"{median_of(runs, 'ingest_applied'):,.0f}"]
+
+
+def cpu_cells(runs: list[dict[str, Any]]) -> list[str]:
+    """A point's CPU shares (service, ingest, Redis, others): the medians over its runs."""
+    processes = ("service", "ingest", "redis", "others")
+    return [f"{median_of(runs, 'cpu', who):.0%}" for who in processes]
 
 
 def medians(results: list[dict[str, Any]]) -> None:
@@ -435,19 +473,10 @@ def medians(results: list[dict[str, Any]]) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rps in sorted({r["rps"] for r in results}):
         runs = [r for r in results if r["rps"] == rps]
-        cells = [f"{rps:g}", f"{_median(runs, 'achieved_rps'):.0f}"]
-        for kind in ("route", "session"):
-            cells += [
-                f"{_median(runs, 'kinds', kind, q):.2f}" for q in ("p50_ms", "p99_ms", "max_ms")
-            ]
-        errors = sum(sum(k["errors"].values()) for r in runs for k in r["kinds"].values())
-        cells += [
-            str(errors),
-            f"{_median(runs, 'ingest_applied'):,.0f}",
-            f"{_median(runs, 'cpu', 'service'):.0%}",
-            f"{_median(runs, 'cpu', 'ingest'):.0%}",
-            f"{_median(runs, 'cpu', 'redis'):.0%}",
-            f"{_median(runs, 'cpu', 'others'):.0%}",
+        cells = [
+            f"{rps:g}",
+            *point_cells(runs),
+            *cpu_cells(runs),
         ]
         print("| " + " | ".join(cells) + " |")
 

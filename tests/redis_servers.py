@@ -115,15 +115,17 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """Three cluster-enabled masters, joined by `redis-cli --cluster create`, no replicas."""
+    """Three cluster-enabled masters, joined by `redis-cli --cluster create`, no replicas;
+    `args` are extra config options of every node."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
         self.nodes = [
             RedisServer(
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-port", str(free_port()),
                 "--cluster-node-timeout", "5000",
+                *args,
             )
             for _ in range(3)
         ]  # fmt: skip
