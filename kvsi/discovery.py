@@ -404,6 +404,7 @@ async def apply_changes(changes: Changes, pool: StreamPool, config: DiscoveryCon
         )
     for key in changes.release:
         await pool.remove(key.pod, key.dp_rank)
+        await pool.gate.release(key)
         ingest_metrics.INGEST.forget(str(key))
         metrics.DISCOVERY_CHANGES.labels("released").inc()
         log.info("discovery.worker_released", worker=str(key), pod=key.pod)

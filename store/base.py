@@ -95,6 +95,15 @@ class IndexWriter(Protocol):
         """Forget the worker entirely (gone for longer than the grace time)."""
         ...
 
+    async def release(self, worker: WorkerKey) -> None:
+        """Stop writing the worker from this process (another process follows it now): drop
+        what this process keeps to write it; the index is unchanged. A later write of the
+        worker from here starts afresh. Redis: its mirror and directory marks go (memory
+        does not grow with every worker a central replica ever handed over); memory: the
+        process is the index, nothing to drop. O(1).
+        """
+        ...
+
     async def expire_sessions(
         self, older_than: float, limit: int, *, written_only: bool = False
     ) -> Expired:

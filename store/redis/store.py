@@ -553,6 +553,12 @@ class RedisStore(RedisReader, RedisInstances):
         self._writers.pop(worker, None)
         self._directories.forget(worker)
 
+    async def release(self, worker: WorkerKey) -> None:
+        """The worker's writer (its mirror) and directory marks go; Redis is not touched.
+        A write in flight keeps its own reference and ends as it would."""
+        self._writers.pop(worker, None)
+        self._directories.forget(worker)
+
     async def expire_sessions(
         self, older_than: float, limit: int, *, written_only: bool = False
     ) -> Expired:
