@@ -2,16 +2,17 @@
 
 Imports the store contract's `ReplicaRoster` only (the rule of who owns which pod is
 kvsi/ownership.py; what the pool does about it, kvsi/discovery.py). A beat that fails (the
-store down or slow) keeps the last view: the streams this replica follows keep running,
-buffering like every stream does through a store outage, while its record runs out and the
-replicas that still reach the store take its pods over (both following a pod for a while is
-harmless: applies are fenced). When it reaches the store again it sees the roster as it is
-and gives back what is no longer its own.
+store down or slow) keeps the last view until the record it renewed last has certainly run
+out; then this replica claims nothing (the view is empty) and releases its pods, which the
+replicas that still reach the store have taken over by then. Keeping them instead fed a
+loop seen in tests: a replica too busy to beat in time lost its record, the others took its
+pods, and two writers on every pod made it busier still.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 
@@ -30,6 +31,8 @@ class ReplicaBeat:
         self.beat_seconds = beat_seconds
         self.ttl = ttl
         self._next = 0.0
+        self._renewed = -ttl
+        """When the last successful beat was sent: the record lasts at least `ttl` from it."""
         self._view: tuple[str, ...] | None = None
 
     def wait_seconds(self, now: float) -> float:
@@ -37,22 +40,28 @@ class ReplicaBeat:
         return max(0.0, self._next - now)
 
     async def beat_if_due(self, now: float) -> tuple[str, ...] | None:
-        """Beat if due; the live replicas if they differ from the last view, else None."""
+        """Beat if due; the live replicas if they differ from the last view, else None.
+        Empty once the last renewed record has run out (this replica no longer claims)."""
         if now < self._next:
             return None
         self._next = now + self.beat_seconds
         try:
-            async with asyncio.timeout(self.beat_seconds):
+            # Bounded so a late answer still lands within the record it renews.
+            async with asyncio.timeout(self.ttl - self.beat_seconds):
                 live = tuple(await self.roster.beat(self.me, self.ttl))
-        except Exception as exc:  # any failure: keep the last view, try at the next beat
+        except Exception as exc:  # any failure: keep the last view while the record lasts
             metrics.DISCOVERY_BEAT_FAILURES.inc()
             log.warning(
                 "discovery.beat_failed",
                 replica=self.me,
                 error=f"{type(exc).__name__}: {exc}",
-                meanwhile=f"the others take this replica's pods after {self.ttl:g}s",
+                meanwhile=f"the others take this replica's pods {self.ttl:g}s after its last beat",
             )
-            return None
+            if time.monotonic() - self._renewed < self.ttl or self._view == ():
+                return None
+            live = ()
+        else:
+            self._renewed = now
         metrics.DISCOVERY_REPLICAS.set(len(live))
         if live == self._view:
             return None
