@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import zmq
+import zmq.asyncio
 from ingest_e2e import (
     WARMUP_TS,
     Kvsi,
@@ -184,6 +186,10 @@ async def run_store(store: str, args: argparse.Namespace, streams: list[list[byt
 
 async def main(args: argparse.Namespace) -> None:
     configure_logging("warning", "console")
+    # The publishers share the default context: a PUB and a ROUTER per worker, and more
+    # than its default 1,023 sockets for 500 workers and up.
+    most = max(int(n) for n in args.workers.split(","))
+    zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, 4 * most + 64)
     ticks = int(args.rate * args.seconds)
     traffic = [agentic(ticks, seed, ENGINE_BLOCKS) for seed in range(STREAMS)]
     streams = [stamped(stream, WARMUP_TS + 100) for stream in traffic]
