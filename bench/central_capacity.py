@@ -142,8 +142,11 @@ async def one_run(
                     await asyncio.sleep(0.1)
                 drain = time.monotonic() - drain_began
                 notes = await indexer.notes(c)
-    half = [s for s in samples if s[0] >= samples[-1][0] / 2]
-    (t0, sent0, applied0), (t1, sent1, applied1) = half[0], half[-1]
+    # From the last sample of the first half (the start if none: a saturated process may
+    # answer /metrics only every few seconds) to the last one.
+    (t1, sent1, applied1) = samples[-1]
+    first_half = [s for s in samples[:-1] if s[0] <= t1 / 2]
+    (t0, sent0, applied0) = first_half[-1] if first_half else (0.0, 0, 0.0)
     offered = end_sent / send_seconds
     ratio = (applied1 - applied0) / max(1, sent1 - sent0)
     backlog = (end_sent - end_applied) / offered
