@@ -144,7 +144,6 @@ async def test_replicas_split_the_pods_and_hand_them_over_without_a_lost_batch(
             last = alive[1]
             await until(partial(caught_up, last, fleet), 60, "caught up", run)
             found = await pods(last)
-            assert {p: (w["state"], w["batches_lost"]) for p, w in found.items()} == {
-                p: ("live", 0) for p in fleet.pods
-            }
-            assert await mismatches(last, fleet) == []
+            states = {p: (w["state"], w["batches_lost"]) for p, w in found.items()}
+            assert states == {p: ("live", 0) for p in fleet.pods}, run.logs()
+            assert await mismatches(last, fleet) == [], run.logs()
