@@ -330,7 +330,8 @@ async def run_discovery(
 ) -> None:
     """Apply `source`'s pod events and the grace timer to `pool` until cancelled; with a
     `roster` (discovery.split), only to the pods this replica owns, beating the roster in
-    the same loop (each beat bounded by beat_seconds) and leaving it when cancelled."""
+    the same loop (a beat is bounded so that it lands within the record it renews) and
+    leaving it when cancelled."""
     planner = FleetPlanner(config, topic)
     assignment = Assignment(config.replica_id, split=roster is not None)
     beat = (
