@@ -108,7 +108,7 @@ def _holding(
     """The candidates holding any of the session or of the prompt's first block.
 
     Read from the evidence (a few workers hold anything), not by looking every candidate up
-    in it: a store may answer the prefix of every worker asked, most of them empty.
+    in it: the store answers only for the workers holding the prompt's first block.
     """
     chosen = set(candidates)
     held = {w for w in sessions if w in chosen}

@@ -7,7 +7,9 @@ parent, as vLLM stores a prompt's start), session k on worker k % workers, writt
 `RedisStore.apply`; then `--queries` `get_session` and as many `match_prefix` of a session's
 prompt (its 10 blocks and 2 unknown ones) over every worker, as a route asks. Prints per
 kind: Redis commands per request (INFO commandstats, scripts' own commands included), Redis
-CPU per request, this process's CPU per request, p50/p99 latency. Asserts nothing.
+CPU per request, this process's CPU per request, p50/p99 latency. The same fill and queries
+on the memory store follow (`memory` rows: this process's CPU is the whole cost). Asserts
+nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import Awaitable, Callable
 import redis
 from ingest_redis import redis_server
 
+from kvsi.store.base import IndexStore
+from kvsi.store.memory import MemoryStore
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
 
@@ -33,7 +37,7 @@ def prompt(session: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(BLOCKS)]
 
 
-async def fill(store: RedisStore, workers: list[WorkerKey], sessions: int) -> None:
+async def fill(store: IndexStore, workers: list[WorkerKey], sessions: int) -> None:
     """Each worker's sessions in batches of 64 stores."""
     for w, worker in enumerate(workers):
         mine = range(w, sessions, len(workers))
@@ -54,17 +58,18 @@ def server_totals(raw: redis.Redis) -> tuple[int, float]:
 
 
 async def measure(
-    raw: redis.Redis, requests: list[Callable[[], Awaitable[object]]]
+    raw: redis.Redis | None, requests: list[Callable[[], Awaitable[object]]]
 ) -> dict[str, float]:
+    """Per request; without `raw` (the memory store) no server figures (0)."""
     latencies = []
-    calls0, cpu0 = server_totals(raw)
+    calls0, cpu0 = server_totals(raw) if raw is not None else (2, 0.0)
     own0 = time.thread_time()
     for request in requests:
         started = time.perf_counter()
         await request()
         latencies.append(time.perf_counter() - started)
     own = time.thread_time() - own0
-    calls1, cpu1 = server_totals(raw)
+    calls1, cpu1 = server_totals(raw) if raw is not None else (0, 0.0)
     n = len(requests)
     latencies.sort()
     return {
@@ -76,13 +81,19 @@ async def measure(
     }
 
 
-async def one_size(port: int, workers: int, sessions: int, queries: int, seed: int) -> None:
-    raw = redis.Redis(port=port)
-    raw.flushall()
-    store = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
+async def one_size(port: int | None, workers: int, sessions: int, queries: int, seed: int) -> None:
+    """One fleet size on Redis at `port`, or on the memory store (None)."""
+    raw = None if port is None else redis.Redis(port=port)
     keys = [WorkerKey(f"pod-{i}", 0) for i in range(workers)]
+    store: IndexStore
+    reader: IndexStore
+    if raw is None:
+        store = reader = MemoryStore()
+    else:
+        raw.flushall()
+        store = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
+        reader = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
     await fill(store, keys, sessions)
-    reader = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
     rng = random.Random(seed)
     picks = [rng.randrange(sessions) for _ in range(queries)]
     await reader.get_session("warm-up")
@@ -97,8 +108,9 @@ async def one_size(port: int, workers: int, sessions: int, queries: int, seed: i
 
     for kind, make in (("session", lookup), ("prefix", match)):
         row = await measure(raw, [make(k) for k in picks])
+        server = f"{row['commands']:.1f} | {row['redis_us']:.0f}" if raw else "- | -"
         print(
-            f"| {workers:,} | {kind} | {row['commands']:.1f} | {row['redis_us']:.0f} "
+            f"| {'redis' if raw else 'memory'} | {workers:,} | {kind} | {server} "
             f"| {row['client_us']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |",
             flush=True,
         )
@@ -108,13 +120,16 @@ async def one_size(port: int, workers: int, sessions: int, queries: int, seed: i
 
 async def main_async(args: argparse.Namespace) -> None:
     print(
-        "| workers | request | Redis commands/request | Redis CPU us/request "
+        "| store | workers | request | Redis commands/request | Redis CPU us/request "
         "| client CPU us/request | p50 ms | p99 ms |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    sizes = [int(w) for w in args.workers.split(",")]
     with redis_server(512) as port:
-        for workers in (int(w) for w in args.workers.split(",")):
+        for workers in sizes:
             await one_size(port, workers, args.sessions, args.queries, args.seed)
+    for workers in sizes:
+        await one_size(None, workers, args.sessions, args.queries, args.seed)
 
 
 def main() -> None:

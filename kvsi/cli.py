@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 from collections.abc import Coroutine, Iterator
@@ -283,3 +284,64 @@ def tail(
 
     with startup_errors():
         run_until_signalled(run_tail(endpoint, topic, count, quiet_notice=quiet_notice))
+
+
+@app.command()
+def size(
+    workers: Annotated[int, typer.Option(min=1, help="Workers: pods x data-parallel ranks.")],
+    entries: Annotated[
+        int, typer.Option(min=1, help="Resident (session, block) entries over the fleet.")
+    ],
+    sessions: Annotated[
+        int | None, typer.Option(min=1, help="Sessions (default: entries / 100).")
+    ] = None,
+    blocks_per_worker: Annotated[
+        int | None,
+        typer.Option(min=1, help="Resident blocks per worker (default: entries / workers)."),
+    ] = None,
+    event_rate: Annotated[
+        float | None,
+        typer.Option(min=0, help="Block-events/s over the fleet (default: 1,000 per worker)."),
+    ] = None,
+    query_rate: Annotated[
+        float | None,
+        typer.Option(min=0, help="Routes/s over the fleet (default: 10 per worker)."),
+    ] = None,
+    shards: Annotated[
+        int | None, typer.Option(min=1, help="Redis shards to plan for (default: as needed).")
+    ] = None,
+    cpu_share: Annotated[
+        float, typer.Option(min=0.01, max=1, help="Share of a core planned per shard, process.")
+    ] = 0.5,
+    shard_memory_gib: Annotated[
+        float, typer.Option(min=0.01, help="Memory of one Redis shard, GiB.")
+    ] = 25.0,
+    process_memory_gib: Annotated[
+        float, typer.Option(min=0.01, help="Memory of one kvsi process, GiB.")
+    ] = 16.0,
+) -> None:
+    """Plan Redis shards and processes for a fleet, from the measured costs (deploy/SIZING.md)."""
+    from kvsi.sizing import CLUSTER_MIN_MASTERS, Budget, describe, plan, render
+
+    with startup_errors():
+        numbers = {
+            "--event-rate": event_rate,
+            "--query-rate": query_rate,
+            "--shard-memory-gib": shard_memory_gib,
+            "--process-memory-gib": process_memory_gib,
+        }
+        for flag, number in numbers.items():
+            if number is not None and not math.isfinite(number):
+                raise StartupError(f"{flag} {number}: must be a finite number")
+        if shards is not None and 1 < shards < CLUSTER_MIN_MASTERS:
+            raise StartupError(
+                f"--shards {shards}: a Redis Cluster has at least {CLUSTER_MIN_MASTERS} "
+                "masters (1 is one Redis)"
+            )
+        fleet = describe(workers, entries, sessions, blocks_per_worker, event_rate, query_rate)
+        budget = Budget(
+            cpu_share=cpu_share,
+            shard_memory_gib=shard_memory_gib,
+            process_memory_gib=process_memory_gib,
+        )
+        typer.echo(render(plan(fleet, budget, shards=shards)))

@@ -218,10 +218,13 @@ class IndexReader(Protocol):
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
         """What a router needs to rank workers for a prompt whose blocks are `hashes`.
 
-        For each worker (every known one, or those in `workers` that exist), the media
-        holding each block of the longest run of `hashes`, from the first, that the worker
-        holds in any medium or group; an empty list when it lacks the first block. Media of a
-        block are sorted. Cost: O(workers x matched prefix x parts).
+        For each worker holding the first block (of every known one, or of those in
+        `workers`), the media holding each block of the longest run of `hashes`, from the
+        first, that the worker holds in any medium or group; a worker lacking the first block
+        is not in the answer. Media of a block are sorted. Found through the first-block
+        directory (store/README.md): a worker's first block is one it stored with no parent.
+        Cost: O(holders of the first block x matched prefix x parts), plus O(`workers`) when
+        given: not the fleet.
         """
         ...
 

@@ -15,6 +15,7 @@ from functools import partial
 
 from kvsi.store.core import WorkerIndex
 from kvsi.store.feed import FeedHub, FeedRecord, WorkerChange
+from kvsi.store.first_blocks import FirstBlocks
 from kvsi.store.model import (
     ApplyOutcome,
     Batch,
@@ -48,6 +49,10 @@ from kvsi.store.registry import DynamoInstance
 
 EXPIRE_CHUNK = 1_000
 """Residencies `expire_sessions` drops between two yields to the event loop."""
+
+FIRST_BLOCKS_PER_PASS = 50_000
+"""First blocks each `expire_sessions` pass looks at (a walk of the directory spans passes),
+EXPIRE_CHUNK at a time between two yields."""
 
 
 class _Session:
@@ -128,6 +133,8 @@ class MemoryStore:
         self._retired: list[tuple[float, str]] = []
         """Heap of (last_seen, id) of sessions left with no residency (their workers removed,
         or dropped while a removed worker's record is younger): forgotten once idle."""
+        self._firsts = FirstBlocks()
+        """Which workers may hold each prompt's first block (`match_prefix` reads those)."""
 
     # -- write side ---------------------------------------------------------------------
 
@@ -159,9 +166,13 @@ class MemoryStore:
         if outcome is ApplyOutcome.RESTARTED:
             index.clear()
         ts = batch.ts
+        note_first = self._firsts.note
+        key = w.key
         for event in batch.events:
             if isinstance(event, EntriesStored):
                 index.store(event, ts)
+                if event.parent_block_hash is None and event.block_hashes:
+                    note_first(event.block_hashes[0], key)
             elif isinstance(event, EntriesRemoved):
                 part = index.part(event.medium, event.group_idx)
                 if part is not None:
@@ -286,7 +297,15 @@ class MemoryStore:
                 del self._sessions[sid]
                 sessions += 1
         more = more or bool(retired and retired[0][0] < older_than)
+        await self._sweep_firsts()
         return Expired(residencies, sessions, more)
+
+    async def _sweep_firsts(self) -> None:
+        """The next FIRST_BLOCKS_PER_PASS blocks of the first-block directory's walk."""
+        looked = 0
+        while looked < FIRST_BLOCKS_PER_PASS and self._firsts:
+            looked += self._firsts.sweep(self._holds, EXPIRE_CHUNK)
+            await asyncio.sleep(0)
 
     def _drop(self, w: _Worker, due: list[_Residency], older_than: float) -> tuple[int, int]:
         """Drop residencies of `w` still idle (one stored during a pause stays): their
@@ -436,12 +455,20 @@ class MemoryStore:
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
-        chosen = (
-            self._workers.values()
-            if workers is None
-            else [self._workers[k] for k in workers if k in self._workers]
-        )
-        return {w.key: _held_prefix(w, hashes) for w in chosen}
+        """The workers the first-block directory names that hold the first block, within
+        `workers`. O(those x matched x parts), plus O(`workers`) when given."""
+        if not hashes:
+            return {}
+        chosen = None if workers is None else set(workers)
+        return {
+            key: _held_prefix(self._workers[key], hashes)
+            for key in self._firsts.holders(hashes[0], self._holds)
+            if chosen is None or key in chosen
+        }
+
+    def _holds(self, key: WorkerKey, h: Hash) -> bool:
+        w = self._workers.get(key)
+        return w is not None and any(h in part.holders for part in w.index.by_pid.values())
 
     async def worker_models(self) -> dict[WorkerKey, str | None]:
         return {key: w.status.model for key, w in self._workers.items()}
@@ -478,10 +505,7 @@ def _engine_time(w: _Worker) -> float:
 
 def _held_prefix(w: _Worker, hashes: list[Hash]) -> list[tuple[str, ...]]:
     """Media holding each block of the run of `hashes` the worker holds from the first."""
-    held = [(part.medium, part.holders) for part in w.index.by_pid.values() if part.holders]
-    if not hashes or not any(hashes[0] in holders for _, holders in held):
-        return []  # most workers of a fleet, for any one prompt: answered in one look
-    parts = held
+    parts = [(part.medium, part.holders) for part in w.index.by_pid.values() if part.holders]
     out: list[tuple[str, ...]] = []
     for h in hashes:
         media = {medium for medium, part in parts if h in part}

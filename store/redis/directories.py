@@ -217,7 +217,7 @@ class Directories:
             await self._scripted(self._unhint, [([key], args) for key in keys])
 
     async def complete_others(
-        self, workers: list[WorkerKey], keys_of: Callable[[WorkerKey], WorkerKeys]
+        self, workers: Sequence[WorkerKey], keys_of: Callable[[WorkerKey], WorkerKeys]
     ) -> None:
         """Session entries for the residencies of workers whose writer did not make them:
         workers written before the directory existed and not loaded by a writer since, or

@@ -79,7 +79,7 @@ class FeedPump:
         self,
         client: Redis | RedisCluster,
         hub: FeedHub,
-        known: Callable[[], Awaitable[list[WorkerKey]]],
+        known: Callable[[], Awaitable[Sequence[WorkerKey]]],
         feed_key: Callable[[WorkerKey], str],
         positions: dict[WorkerKey, str],
     ) -> None:
@@ -130,7 +130,7 @@ class FeedPump:
             if not more and self._block_ms is None:
                 await asyncio.sleep(POLL_SECONDS)
 
-    async def _workers(self) -> list[WorkerKey]:
+    async def _workers(self) -> Sequence[WorkerKey]:
         workers = await self._known()
         last = self._last
         current = set(workers)
@@ -157,7 +157,7 @@ class FeedPump:
             more = more or len(entries) >= READ_COUNT
         return more
 
-    async def _read_blocking(self, workers: list[WorkerKey], block_ms: int) -> bool:
+    async def _read_blocking(self, workers: Sequence[WorkerKey], block_ms: int) -> bool:
         by_key = {self._feed_key(w): w for w in workers}
         streams: dict[Any, Any] = {key: self._last[w] for key, w in by_key.items()}
         reply = await self._client.xread(streams, count=READ_COUNT, block=block_ms)

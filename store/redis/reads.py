@@ -239,6 +239,47 @@ class SharedCall:
             task.exception()  # retrieved here too: every waiter may have been cancelled
 
 
+class KnownWorkers:
+    """The registry as this process knows it: the workers, the same in order (sorted again
+    only after a change) and a version that moves with every change, so a read's per-worker
+    caches are checked once per change, not once per request."""
+
+    def __init__(self, workers: Iterable[WorkerKey] = ()) -> None:
+        self._workers = set(workers)
+        self._ordered: tuple[WorkerKey, ...] | None = None
+        self.version = 0
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self._workers
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def add(self, worker: WorkerKey) -> None:
+        if worker not in self._workers:
+            self._workers.add(worker)
+            self._changed()
+
+    def discard(self, worker: WorkerKey) -> None:
+        if worker in self._workers:
+            self._workers.discard(worker)
+            self._changed()
+
+    def replace(self, workers: set[WorkerKey]) -> None:
+        if workers != self._workers:
+            self._workers = workers
+            self._changed()
+
+    def ordered(self) -> tuple[WorkerKey, ...]:
+        if self._ordered is None:
+            self._ordered = tuple(sorted(self._workers))
+        return self._ordered
+
+    def _changed(self) -> None:
+        self._ordered = None
+        self.version += 1
+
+
 class RedisReader:
     """Reads of the index (the read half of the IndexStore contract) over a Redis client."""
 
@@ -248,11 +289,8 @@ class RedisReader:
         self._registry_key = registry_key(prefix)
         self._retired_key = retired_key(prefix)
         self._registry_ttl = registry_ttl
-        self._registry: set[WorkerKey] | None = None
+        self._registry: KnownWorkers | None = None
         self._registry_at = 0.0
-        self._sorted: list[WorkerKey] = []
-        self._sorted_from: set[WorkerKey] | None = None
-        """The registry in order, and the registry it was sorted from."""
         self._keys: dict[WorkerKey, WorkerKeys] = {}
         self._reads = _ReadConnections(client) if isinstance(client, Redis) else None
         """A standalone server answers a prefix match or a session lookup over every worker
@@ -264,8 +302,13 @@ class RedisReader:
         self._block_marked: set[WorkerKey] = set()
         """Workers whose meta says the block directory holds all their first blocks."""
         self._legacy_at = -math.inf
+        self._legacy: tuple[WorkerKey, ...] = ()
+        self._legacy_version = -1
+        """The registered workers not in `_block_marked`, at the registry's version then."""
         self._states: dict[WorkerKey, WorkerState] = {}
         self._states_at = -math.inf
+        self._states_version = -1
+        """The registry's version when `_states` was last found to cover it."""
         self._registry_refresh = SharedCall(self._read_registry)
         self._states_refresh = SharedCall(self._read_states)
         """One read of each cache at a time: when it goes stale under load, the requests in
@@ -282,27 +325,32 @@ class RedisReader:
             keys = self._keys[worker] = WorkerKeys(self._prefix, worker)
         return keys
 
-    async def _known(self, fresh: bool = False) -> list[WorkerKey]:
-        """Registered workers, from a cache at most `registry_ttl` old (unless `fresh`).
+    async def _known(self, fresh: bool = False) -> tuple[WorkerKey, ...]:
+        """Registered workers in order, from a cache at most `registry_ttl` old (unless
+        `fresh`). O(1) while the registry is unchanged.
 
         The cache spares every query a round trip to the registry's node; this process's
         own registrations and removals update it at once, other processes' after the ttl.
         """
+        return (await self._known_workers(fresh)).ordered()
+
+    async def _known_workers(self, fresh: bool = False) -> KnownWorkers:
         now = time.monotonic()
         if fresh or self._registry_ttl <= 0:  # not a read another caller started earlier
             await self._read_registry()
         elif self._registry is None or now - self._registry_at >= self._registry_ttl:
             await self._registry_refresh()
         assert self._registry is not None
-        if self._registry != self._sorted_from:  # sorted again only when it changed
-            self._sorted = sorted(self._registry)
-            self._sorted_from = set(self._registry)
-        return list(self._sorted)
+        return self._registry
 
     async def _read_registry(self) -> None:
         started = time.monotonic()
         raw = cast(set[bytes], await self._client.smembers(self._registry_key))
-        self._registry = {parse_worker(m) for m in raw}
+        found = {parse_worker(m) for m in raw}
+        if self._registry is None:
+            self._registry = KnownWorkers(found)
+        else:
+            self._registry.replace(found)
         self._registry_at = started
 
     def _pipeline(self) -> Any:
@@ -689,7 +737,7 @@ class RedisReader:
         return {w: _text(model) for w, model in found.items()}
 
     async def _meta_field(
-        self, workers: list[WorkerKey], name: str
+        self, workers: Sequence[WorkerKey], name: str
     ) -> dict[WorkerKey, bytes | None]:
         """One field of each worker's meta, for the workers whose meta still exists (another
         process may have removed one since the registry was read): EXISTS and HGET per
@@ -735,16 +783,27 @@ class RedisReader:
         O(workers) per refresh."""
         workers = await self._known()
         stale = time.monotonic() - self._states_at >= self._registry_ttl
-        if stale or not all(map(self._states.__contains__, workers)):
+        if stale or not self._states_cover(workers):
             await (self._states_refresh() if self._registry_ttl > 0 else self._read_states())
             workers = await self._known()
-            if not all(map(self._states.__contains__, workers)):
+            if not self._states_cover(workers):
                 await self._read_states()  # the shared read began before a worker appeared
                 workers = await self._known()
         states = self._states
         if len(states) == len(workers):  # every worker is in it: the same ones, in order
             return dict(states)
         return {w: states[w] for w in workers if w in states}
+
+    def _states_cover(self, workers: Sequence[WorkerKey]) -> bool:
+        """Whether `_states` has every registered worker: checked once per registry change."""
+        assert self._registry is not None
+        version = self._registry.version
+        if version == self._states_version:
+            return True
+        if all(map(self._states.__contains__, workers)):
+            self._states_version = version
+            return True
+        return False
 
     async def _read_states(self) -> None:
         started = time.monotonic()
@@ -754,6 +813,7 @@ class RedisReader:
     def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:
         self._states = states
         self._states_at = time.monotonic() if at is None else at
+        self._states_version = -1
 
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None
@@ -766,33 +826,32 @@ class RedisReader:
 
         The script walks the prompt's hashes in order with SISMEMBER on each part's
         entry-index bucket until the first one no part holds, and answers only for the
-        workers holding the first. O(candidates x matched x parts).
+        workers holding the first. O(candidates x matched x parts), plus O(`workers`) when
+        given.
         """
-        known = await self._known()
-        if workers is None:
-            chosen = known
-        else:
-            registered = set(known)
-            chosen = [w for w in dict.fromkeys(workers) if w in registered]
-        out: dict[WorkerKey, list[tuple[str, ...]]] = {w: [] for w in chosen}
-        if not hashes or not chosen:
+        registry = await self._known_workers()
+        chosen: Container[WorkerKey] = (
+            registry if workers is None else {w for w in workers if w in registry}
+        )
+        out: dict[WorkerKey, list[tuple[str, ...]]] = {}
+        if not hashes or (workers is not None and not chosen):
             return out
         args: list[Arg] = []
         for h in hashes:
             args += (member(h), bucket(h))
         prune = time.time() - SAFE_SECONDS
         directory = block_key(self._prefix, member(hashes[0]))
-        legacy = [w for w in await self._legacy(known) if w in out]
+        legacy = [w for w in await self._unmarked(registry) if w in chosen]
         if self._reads is not None:
             keys = [directory, *(self.worker_keys(w).parts for w in legacy)]
             reply = await self._reads.evalsha(
                 self._prefix_script, keys, [self._prefix, prune, "1", *args]
             )
         else:
-            reply = await self._prefix_on_cluster(directory, out, legacy, args, prune)
+            reply = await self._prefix_on_cluster(directory, chosen, legacy, args, prune)
         for raw, matched in zip(reply[0::2], reply[1::2], strict=True):
             w = parse_worker(raw)
-            if w in out:
+            if w in chosen and matched:
                 out[w] = [tuple(sorted(m.decode() for m in held)) for held in matched]
         return out
 
@@ -830,11 +889,15 @@ class RedisReader:
             await self._prune(directory, stale, prune)
         return flat
 
-    async def _legacy(self, known: list[WorkerKey]) -> list[WorkerKey]:
+    async def _unmarked(self, registry: KnownWorkers) -> tuple[WorkerKey, ...]:
         """Registered workers whose first blocks may be missing from the block directory
         (meta without `bdir`: written before it existed, and not cleared since). Marked
-        workers are remembered; the others are asked again at most every `registry_ttl`."""
-        unknown = [w for w in known if w not in self._block_marked]
+        workers are remembered; the others are asked again at most every `registry_ttl`.
+        O(1) while the registry and the marks are unchanged (a fleet of marked workers)."""
+        if registry.version != self._legacy_version:
+            self._legacy = tuple(w for w in registry.ordered() if w not in self._block_marked)
+            self._legacy_version = registry.version
+        unknown = self._legacy
         now = time.monotonic()
         if unknown and now - self._legacy_at >= self._registry_ttl:
             pipe = self._pipeline()
@@ -843,7 +906,7 @@ class RedisReader:
             marks = await pipe.execute()
             self._block_marked.update(w for w, mark in zip(unknown, marks, strict=True) if mark)
             self._legacy_at = now
-            unknown = [w for w in unknown if w not in self._block_marked]
+            self._legacy = unknown = tuple(w for w in unknown if w not in self._block_marked)
         return unknown
 
     async def _scripted(

@@ -56,6 +56,8 @@ class Reference:
     progress: dict[Residency, Progress] = field(default_factory=dict)
     fences: dict[WorkerKey, _Fence] = field(default_factory=dict)
     seen_sessions: set[str] = field(default_factory=set)
+    firsts: dict[WorkerKey, set[Hash]] = field(default_factory=dict)
+    """Per worker, the blocks it holds whose last store started a prompt (no parent)."""
 
     def apply(self, worker: WorkerKey, batch: Batch) -> str:
         fence = self.fences.get(worker)
@@ -74,6 +76,12 @@ class Reference:
                     (event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes
                 }
                 self.entries.setdefault(worker, set()).update(keys)
+                if event.block_hashes:
+                    first = event.block_hashes[0]
+                    if event.parent_block_hash is None:
+                        self.firsts.setdefault(worker, set()).add(first)
+                    else:
+                        self.firsts.get(worker, set()).discard(first)
                 if event.session_id is not None:
                     self.seen_sessions.add(event.session_id)
                     self.residency.setdefault((event.session_id, worker), set()).update(keys)
@@ -83,6 +91,9 @@ class Reference:
                     (event.medium or "GPU", event.group_idx or 0, h) for h in event.block_hashes
                 }
                 self.entries.setdefault(worker, set()).difference_update(keys)
+                self.firsts[worker] = {
+                    h for h in self.firsts.get(worker, set()) if self.holds(worker, h)
+                }
                 for (s, w), held in self.residency.items():
                     if w == worker:
                         self.progress[(s, w)].lost += len(held & keys)
@@ -98,10 +109,24 @@ class Reference:
     def _clear(self, worker: WorkerKey) -> None:
         """The worker's cache emptied: what each residency held is lost."""
         self.entries[worker] = set()
+        self.firsts[worker] = set()
         for (s, w), held in self.residency.items():
             if w == worker:
                 self.progress[(s, w)].lost += len(held)
                 held.clear()
+
+    def holds(self, worker: WorkerKey, h: Hash) -> bool:
+        return any(entry[2] == h for entry in self.entries.get(worker, set()))
+
+    def held_run(self, worker: WorkerKey, prompt: list[Hash]) -> list[tuple[str, ...]]:
+        """The media of each block of `prompt` the worker holds, from the first on."""
+        run = []
+        for h in prompt:
+            media = {m for m, _, held in self.entries.get(worker, set()) if held == h}
+            if not media:
+                break
+            run.append(tuple(sorted(media)))
+        return run
 
     def session_blocks(self, session_id: str) -> dict[WorkerKey, set[Entry]]:
         return {w: held for (s, w), held in self.residency.items() if s == session_id and held}

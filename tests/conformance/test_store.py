@@ -288,6 +288,26 @@ async def test_random_sequences_match_the_reference_model(
             assert page is not None
             assert sorted(format_hash(h) for h in page.items) == _hash_set(held)
         assert view.total_blocks == sum(len(h) for h in want.values())
+    await _prefix_matches_are_bounded_by_the_reference(store, ref, plan)
+
+
+async def _prefix_matches_are_bounded_by_the_reference(
+    store: IndexStore, ref: Reference, plan: list[tuple[WorkerKey, int, float, list[StoreEvent]]]
+) -> None:
+    """A prefix match names every worker holding the prompt's first block as the start of a
+    prompt (never fewer), only workers holding it (never more), each with its exact run."""
+    stored = [
+        h for *_, evs in plan for e in evs if isinstance(e, EntriesStored) for h in e.block_hashes
+    ]
+    tail = list(dict.fromkeys(stored))[:4]
+    for first in dict.fromkeys(stored):
+        prompt = [first, *tail]
+        got = await store.match_prefix(prompt, None)
+        must = {w for w in (A, B) if first in ref.firsts.get(w, set())}
+        may = {w for w in (A, B) if ref.holds(w, first)}
+        assert must <= set(got) <= may, (first, got)
+        for worker, run in got.items():
+            assert run == ref.held_run(worker, prompt)
 
 
 async def test_unconfirmed_entries_are_dropped_unless_stored_again(store: IndexStore) -> None:
@@ -314,11 +334,11 @@ async def test_prefix_match_is_the_held_run_from_the_first_block(store: IndexSto
     await store.apply(A, Batch(1, 2.0, [EntriesStored([2, 5], "CPU", 0, None)]))
     await store.apply(B, Batch(0, 1.0, [EntriesStored([2, 3], "GPU", 1, "s")]))
     got = await store.match_prefix([1, 2, 3, 4, 5], None)
-    assert got == {A: [("GPU",), ("CPU", "GPU"), ("GPU",)], B: []}
+    assert got == {A: [("GPU",), ("CPU", "GPU"), ("GPU",)]}, "B lacks the first block"
     only_b = await store.match_prefix([2, 3, 9], [B, WorkerKey("nobody", 0)])
     assert only_b == {B: [("GPU",), ("GPU",)]}
-    digests = await store.match_prefix([DIGEST], [A])
-    assert digests == {A: []}
+    assert await store.match_prefix([2, 3, 9], [A]) == {A: [("CPU", "GPU"), ("GPU",)]}
+    assert await store.match_prefix([DIGEST], [A]) == {}
 
 
 @settings(

@@ -127,6 +127,18 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ),
     ("tail-not-a-url", ["tail", "notaurl"], {}, "endpoint 'notaurl' must start with tcp://"),
     (
+        "size-two-shards",
+        ["size", "--workers", "10", "--entries", "1000", "--shards", "2"],
+        {},
+        "--shards 2: a Redis Cluster has at least 3 masters (1 is one Redis)",
+    ),
+    (
+        "size-infinite-rate",
+        ["size", "--workers", "10", "--entries", "1000", "--event-rate", "inf"],
+        {},
+        "--event-rate inf: must be a finite number",
+    ),
+    (
         "discover-outside-a-cluster",
         ["serve", "--discover", "app=vllm"],
         {"KUBECONFIG": "/nonexistent/kubeconfig"},
@@ -158,6 +170,19 @@ USAGE: list[tuple[str, list[str], str]] = [
     ("simulate-negative-rate", ["simulate", "--rate", "-1"], "Invalid value for '--rate'"),
     ("tail-quiet-zero", ["tail", "tcp://127.0.0.1:1", "--quiet-notice", "0"], "--quiet-notice"),
     ("tail-count-negative", ["tail", "tcp://127.0.0.1:1", "--count", "-1"], "'--count'"),
+    ("size-no-workers", ["size", "--workers", "0", "--entries", "1"], "'--workers'"),
+    ("size-no-entries", ["size", "--workers", "1"], "Missing option '--entries'"),
+    ("size-not-a-number", ["size", "--workers", "1", "--entries", "1e9x"], "'--entries'"),
+    (
+        "size-negative-rate",
+        ["size", "--workers", "1", "--entries", "1", "--event-rate", "-1"],
+        "--event-rate",
+    ),
+    (
+        "size-share-past-a-core",
+        ["size", "--workers", "1", "--entries", "1", "--cpu-share", "2"],
+        "--cpu-share",
+    ),
 ]
 
 

@@ -1,0 +1,382 @@
+"""The sizing model: a fleet's description in, Redis shards, processes and headroom out.
+
+Pure arithmetic: no I/O, imports nothing of the service. `kvsi size` prints `render(plan(...))`
+and deploy/SIZING.md states each formula in words; the figures it multiplies are the fields
+of `Measured`, each named after the bench/README.md section that measured it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+GIB = 1024**3
+FEED_LENGTH = 1_000
+"""Records kept per worker's change feed: the Redis store's `feed_length` default."""
+CLUSTER_MIN_MASTERS = 3
+"""A Redis Cluster needs at least three masters; fewer shards than that is one Redis."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The measured constants, as bench/README.md prints them. Update them here, from the
+    section each docstring names, when a bench is run again; nothing else holds a figure."""
+
+    redis_bytes_per_entry: float = 8.4
+    """Bytes of Redis `used_memory` per resident (session, block) entry beyond its session
+    and its block: its member in the session's set. redis_memory_shape.py."""
+
+    redis_bytes_per_session: float = 517.3
+    """Bytes per session on a worker: its set's key, its residency, its directory members.
+    redis_memory_shape.py."""
+
+    redis_bytes_per_prompt_start: float = 271.2
+    """Bytes per block stored with no parent (a prompt's start, asserted in the worker's
+    block directory). redis_memory_shape.py."""
+
+    redis_bytes_per_block: float = 9.3
+    """Bytes per distinct resident block of a worker: its member in the entry index, with
+    `set-max-intset-entries 4096` as deploy/README.md recommends. redis_memory_shape.py."""
+
+    redis_feed_bytes_per_record: float = 1_171.0
+    """Bytes per change-feed record (of 64 residencies); a worker keeps `FEED_LENGTH`.
+    redis_memory_shape.py."""
+
+    redis_us_per_batch: float = 190.0
+    """µs of Redis CPU per agentic batch applied one at a time (`agentic x1 g1`: a stream
+    keeping up with its engine). ingest_redis.py, "For the sizing model"."""
+
+    ingest_us_per_batch: float = 303.0
+    """µs of the ingest process's CPU per agentic batch, same run and line as
+    `redis_us_per_batch`."""
+
+    block_events_per_batch: float = 458_264 / 8_000
+    """Block-events per batch of the agentic workload those two figures were measured on
+    (458,264 block-events in 4 streams of 2,000 batches). ingest_redis.py."""
+
+    redis_us_per_session_lookup: float = 66.0
+    """µs of Redis CPU per `get_session` at 1,000 workers. directory_reads.py, "Reads that
+    cost the same at every fleet size"."""
+
+    redis_us_per_prefix_match: float = 125.0
+    """µs of Redis CPU per `match_prefix` at 1,000 workers. directory_reads.py, "Reads that
+    cost the same at every fleet size"."""
+
+    redis_commands_per_route: int = 5 + 15
+    """Redis commands per route: a session lookup (5) and a prefix match (15), flat in the
+    fleet's size. directory_reads.py, "after"."""
+
+    client_us_per_session_lookup: float = 157.0
+    """µs of the API process's CPU per `get_session` at 1,000 workers. directory_reads.py,
+    "Reads that cost the same at every fleet size"."""
+
+    client_us_per_prefix_match: tuple[tuple[int, float], ...] = ((100, 117.0), (1_000, 177.0))
+    """(workers, µs of the API process's CPU per `match_prefix`) as measured, nearly flat.
+    directory_reads.py, "Reads that cost the same at every fleet size"."""
+
+    api_us_per_route: float = 1_755.0
+    """µs of `kvsi serve`'s CPU per `POST /v1/route` over HTTP on the memory store (100
+    workers): the HTTP server, the app, the memory store's reads, the log line.
+    api_cpu.py, "For the sizing model"."""
+
+    memory_store_bytes_per_entry: float = 147.6
+    """RSS bytes per entry of one process holding the memory store at 10,000,000 entries.
+    memory_at_size.py."""
+
+    memory_store_apply_per_cpu_second: float = 455_403.0
+    """Block-events the memory store applies per CPU second at 10,000,000 entries (decode and
+    apply). memory_at_size.py."""
+
+    receive_us_per_batch: float = 89.0
+    """µs per message `kvsi serve` spends around decode and apply (ZMQ receive, the stream's
+    work) on agentic batches. ingest_e2e.py, "Why agentic lost more than small"."""
+
+    def redis_bytes(self, fleet: Fleet) -> float:
+        """The index in Redis: its entries, its sessions (each on one worker, starting its own
+        prompt), its blocks, and every worker's change feed."""
+        return (
+            fleet.entries * self.redis_bytes_per_entry
+            + fleet.sessions * (self.redis_bytes_per_session + self.redis_bytes_per_prompt_start)
+            + fleet.workers * fleet.blocks_per_worker * self.redis_bytes_per_block
+            + fleet.workers * FEED_LENGTH * self.redis_feed_bytes_per_record
+        )
+
+    def redis_us_per_block_event(self) -> float:
+        return self.redis_us_per_batch / self.block_events_per_batch
+
+    def ingest_us_per_block_event(self) -> float:
+        return self.ingest_us_per_batch / self.block_events_per_batch
+
+    def redis_us_per_route(self) -> float:
+        return self.redis_us_per_session_lookup + self.redis_us_per_prefix_match
+
+    def client_us_per_route(self, workers: int) -> float:
+        """The API process's store reads for one route: the session lookup, flat, and the
+        prefix match, on the line through its smallest and largest measured fleets."""
+        (small, at_small), (large, at_large) = (
+            self.client_us_per_prefix_match[0],
+            self.client_us_per_prefix_match[-1],
+        )
+        prefix = at_small + (at_large - at_small) / (large - small) * (workers - small)
+        return self.client_us_per_session_lookup + max(prefix, 0.0)
+
+    def memory_store_us_per_block_event(self) -> float:
+        apply = 1e6 / self.memory_store_apply_per_cpu_second
+        return apply + self.receive_us_per_batch / self.block_events_per_batch
+
+
+MEASURED = Measured()
+
+EVENTS_PER_WORKER = 1_000.0
+"""Block-events/s per worker when the user gives no rate (deploy/SIZING.md, the worked
+example's agentic shape)."""
+ENTRIES_PER_SESSION = 100
+"""Entries per session when the user gives no session count (the worked example's)."""
+ROUTES_PER_WORKER = 10.0
+"""Routes/s per worker when the user gives no rate (the same shape)."""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the user describes: the whole fleet's sizes and rates."""
+
+    workers: int
+    """Event publishers: pods x data-parallel ranks."""
+    entries: int
+    """Resident (session, block) entries over the fleet: each block counts once per session
+    holding it."""
+    sessions: int
+    """Sessions inside the idle horizon."""
+    blocks_per_worker: int
+    """Resident blocks per worker (its KV cache in blocks, every medium)."""
+    event_rate: float
+    """Block-events per second over the fleet (blocks stored, reported and removed)."""
+    query_rate: float
+    """`POST /v1/route` per second over the fleet (a session lookup and a prefix match each)."""
+
+
+def describe(
+    workers: int,
+    entries: int,
+    sessions: int | None = None,
+    blocks_per_worker: int | None = None,
+    event_rate: float | None = None,
+    query_rate: float | None = None,
+) -> Fleet:
+    """A fleet from what the user gave; what is left out takes the worked example's shape
+    (`ENTRIES_PER_SESSION`, one session per block, its rates per worker)."""
+    return Fleet(
+        workers=workers,
+        entries=entries,
+        sessions=sessions or max(1, round(entries / ENTRIES_PER_SESSION)),
+        blocks_per_worker=blocks_per_worker or max(1, math.ceil(entries / workers)),
+        event_rate=EVENTS_PER_WORKER * workers if event_rate is None else event_rate,
+        query_rate=ROUTES_PER_WORKER * workers if query_rate is None else query_rate,
+    )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How full the plan lets each process and shard be."""
+
+    cpu_share: float = 0.5
+    """Share of one core a Redis shard or a kvsi process is planned to use (each is one event
+    loop or one Redis thread: one core at most)."""
+    memory_headroom: float = 2.0
+    """Planned memory = the index's bytes x this: fragmentation, growth, a fork's copy."""
+    shard_memory_gib: float = 25.0
+    """Memory of one Redis shard (its `maxmemory`)."""
+    process_memory_gib: float = 16.0
+    """Memory of one kvsi process (its container limit)."""
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """One limit at its busiest unit: the load it carries and what it can carry."""
+
+    name: str
+    unit: str
+    load: float
+    capacity: float
+
+    @property
+    def headroom(self) -> float:
+        """How many times the load fits before the limit (infinite for no load)."""
+        return math.inf if self.load <= 0 else self.capacity / self.load
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The answer for one fleet."""
+
+    fleet: Fleet
+    budget: Budget
+    shards: int
+    shards_for_memory: int
+    shards_for_cpu: int
+    redis_bytes: float
+    redis_cores: float
+    ingest_cores: float
+    ingest_processes: int
+    mirror_bytes: float
+    api_cores: float
+    api_processes: int
+    memory_store_bytes: float
+    memory_store_cores: float
+    bottlenecks: tuple[Bottleneck, ...] = field(default=())
+
+    @property
+    def memory_store_fits(self) -> bool:
+        """The whole index in one process: its memory and its one core within the budget."""
+        return (
+            self.memory_store_bytes * self.budget.memory_headroom
+            <= self.budget.process_memory_gib * GIB
+            and self.memory_store_cores <= self.budget.cpu_share
+        )
+
+
+def cluster_shards(needed: int) -> int:
+    """Shards for a need: one Redis, or a cluster of at least three masters."""
+    return 1 if needed <= 1 else max(needed, CLUSTER_MIN_MASTERS)
+
+
+def units(load: float, per_unit: float) -> int:
+    """Units of `per_unit` each that carry `load` (at least one)."""
+    return max(1, math.ceil(load / per_unit - 1e-9))
+
+
+def plan(
+    fleet: Fleet,
+    budget: Budget = Budget(),
+    measured: Measured = MEASURED,
+    shards: int | None = None,
+) -> Plan:
+    """Size a fleet: Redis shards by memory and by CPU, central ingest processes by CPU and
+    by their mirrors' memory, API processes by CPU, and the memory store's one process."""
+    redis_bytes = measured.redis_bytes(fleet)
+    redis_cores = (
+        fleet.event_rate * measured.redis_us_per_block_event()
+        + fleet.query_rate * measured.redis_us_per_route()
+    ) / 1e6
+    for_memory = units(redis_bytes * budget.memory_headroom, budget.shard_memory_gib * GIB)
+    for_cpu = units(redis_cores, budget.cpu_share)
+    chosen = shards if shards is not None else cluster_shards(max(for_memory, for_cpu))
+    ingest_cores = fleet.event_rate * measured.ingest_us_per_block_event() / 1e6
+    mirror_bytes = fleet.entries * measured.memory_store_bytes_per_entry
+    ingest_processes = max(
+        units(ingest_cores, budget.cpu_share),
+        units(mirror_bytes * budget.memory_headroom, budget.process_memory_gib * GIB),
+    )
+    api_cores = fleet.query_rate * route_us(measured, fleet.workers) / 1e6
+    api_processes = units(api_cores, budget.cpu_share)
+    memory_store_cores = (
+        fleet.event_rate * measured.memory_store_us_per_block_event()
+        + fleet.query_rate * measured.api_us_per_route
+    ) / 1e6
+    sized = Plan(
+        fleet=fleet,
+        budget=budget,
+        shards=chosen,
+        shards_for_memory=for_memory,
+        shards_for_cpu=for_cpu,
+        redis_bytes=redis_bytes,
+        redis_cores=redis_cores,
+        ingest_cores=ingest_cores,
+        ingest_processes=ingest_processes,
+        mirror_bytes=mirror_bytes,
+        api_cores=api_cores,
+        api_processes=api_processes,
+        memory_store_bytes=mirror_bytes,
+        memory_store_cores=memory_store_cores,
+    )
+    return dataclasses.replace(sized, bottlenecks=bottlenecks(sized))
+
+
+def route_us(measured: Measured, workers: int) -> float:
+    """The API process's CPU per route on Redis: the HTTP and app path measured on the memory
+    store (its own reads included, so this errs high) plus the Redis client's reads."""
+    return measured.api_us_per_route + measured.client_us_per_route(workers)
+
+
+def bottlenecks(sized: Plan) -> tuple[Bottleneck, ...]:
+    """Each limit at its busiest unit, the fleet's load spread evenly over the units."""
+    fleet, budget = sized.fleet, sized.budget
+    return (
+        Bottleneck("Redis CPU per shard", "cores", sized.redis_cores / sized.shards, 1.0),
+        Bottleneck(
+            "Redis memory per shard",
+            "GiB",
+            sized.redis_bytes / sized.shards / GIB,
+            budget.shard_memory_gib,
+        ),
+        Bottleneck(
+            "ingest CPU per central process",
+            "cores",
+            sized.ingest_cores / sized.ingest_processes,
+            1.0,
+        ),
+        Bottleneck(
+            "ingest memory per central process",
+            "GiB",
+            sized.mirror_bytes / sized.ingest_processes / GIB,
+            budget.process_memory_gib,
+        ),
+        Bottleneck("ingest CPU per sidecar", "cores", sized.ingest_cores / fleet.workers, 1.0),
+        Bottleneck("API CPU per process", "cores", sized.api_cores / sized.api_processes, 1.0),
+    )
+
+
+def shape(fleet: Fleet) -> tuple[float, float]:
+    """The fleet's shape the per-entry figures depend on: entries per session and sessions
+    holding each resident block."""
+    return fleet.entries / fleet.sessions, fleet.entries / (fleet.workers * fleet.blocks_per_worker)
+
+
+def shown_bytes(count: float) -> str:
+    """Bytes in GiB, or in MiB below one GiB."""
+    return f"{count / GIB:,.1f} GiB" if count >= GIB else f"{count / 2**20:,.0f} MiB"
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}es"
+
+
+def render(sized: Plan, measured: Measured = MEASURED) -> str:
+    """The plan as the lines `kvsi size` prints."""
+    fleet, budget = sized.fleet, sized.budget
+    per_session, per_block = shape(fleet)
+    shards = "one Redis" if sized.shards == 1 else f"a Redis Cluster of {sized.shards} masters"
+    lines = [
+        f"fleet: {fleet.workers:,} workers, {fleet.entries:,} entries, {fleet.sessions:,} "
+        f"sessions, {fleet.blocks_per_worker:,} blocks per worker",
+        f"load: {fleet.event_rate:,.0f} block-events/s, {fleet.query_rate:,.0f} routes/s",
+        f"shape: {per_session:,.1f} entries per session, {per_block:,.2f} sessions per block",
+        f"budget: {budget.cpu_share:.0%} of a core per shard and process, memory x "
+        f"{budget.memory_headroom:g}, {budget.shard_memory_gib:g} GiB per shard, "
+        f"{budget.process_memory_gib:g} GiB per process",
+        "",
+        f"Redis: {shards}: {sized.shards_for_memory} for memory, {sized.shards_for_cpu} for CPU",
+        f"  index {shown_bytes(sized.redis_bytes)}, planned "
+        f"{shown_bytes(sized.redis_bytes * budget.memory_headroom / sized.shards)} per shard",
+        f"  CPU {sized.redis_cores:,.2f} cores, {sized.redis_cores / sized.shards:,.2f} per shard",
+        f"ingest: {sized.ingest_cores:,.2f} cores: one sidecar per worker "
+        f"({sized.ingest_cores / fleet.workers:,.4f} cores each), or "
+        f"{counted(sized.ingest_processes, 'central process')}",
+        f"  mirrors {shown_bytes(sized.mirror_bytes)} in all, "
+        f"{shown_bytes(sized.mirror_bytes / fleet.workers)} per sidecar",
+        f"API: {counted(sized.api_processes, 'process')} for {sized.api_cores:,.2f} cores "
+        f"({route_us(measured, fleet.workers):,.0f} µs per route)",
+        f"memory store, one process: {shown_bytes(sized.memory_store_bytes)}, "
+        f"{sized.memory_store_cores:,.2f} cores: "
+        + ("fits" if sized.memory_store_fits else "does not fit"),
+        "",
+        f"{'bottleneck':<34} {'unit':<5} {'load':>8} {'capacity':>8} {'headroom':>8}",
+    ]
+    for limit in sized.bottlenecks:
+        headroom = "-" if math.isinf(limit.headroom) else f"{limit.headroom:,.1f}x"
+        lines.append(
+            f"{limit.name:<34} {limit.unit:<5} {limit.load:>8,.3f} {limit.capacity:>8,.1f}"
+            f" {headroom:>8}"
+        )
+    return "\n".join(lines)

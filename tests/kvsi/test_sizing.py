@@ -1,0 +1,223 @@
+"""The sizing model (kvsi/sizing.py): tables of fleets in, plans out; and deploy/SIZING.md's
+worked example is what `kvsi size` prints now, run as a real process."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsi.sizing import (
+    FEED_LENGTH,
+    GIB,
+    MEASURED,
+    Budget,
+    Fleet,
+    Plan,
+    cluster_shards,
+    describe,
+    plan,
+    render,
+    units,
+)
+from kvsi.store.redis import mirror
+
+SIZING_DOC = Path(__file__).resolve().parents[2] / "deploy" / "SIZING.md"
+
+BASE = Fleet(
+    workers=100,
+    entries=10_000_000,
+    sessions=100_000,
+    blocks_per_worker=100_000,
+    event_rate=100_000,
+    query_rate=1_000,
+)
+
+GROWS: list[tuple[str, list[str]]] = [
+    # (input doubled, what must grow with it; nothing else may shrink)
+    ("workers", ["redis_bytes", "api_cores"]),
+    ("entries", ["redis_bytes", "mirror_bytes", "memory_store_bytes"]),
+    ("sessions", ["redis_bytes"]),
+    ("blocks_per_worker", ["redis_bytes"]),
+    ("event_rate", ["redis_cores", "ingest_cores", "memory_store_cores"]),
+    ("query_rate", ["redis_cores", "api_cores", "memory_store_cores"]),
+]
+
+SIZES = (
+    "shards",
+    "shards_for_memory",
+    "shards_for_cpu",
+    "redis_bytes",
+    "redis_cores",
+    "ingest_cores",
+    "ingest_processes",
+    "mirror_bytes",
+    "api_cores",
+    "api_processes",
+    "memory_store_bytes",
+    "memory_store_cores",
+)
+
+
+@pytest.mark.parametrize(("name", "grows"), GROWS, ids=[g[0] for g in GROWS])
+def test_the_plan_is_monotonic_in_each_input(name: str, grows: list[str]) -> None:
+    small = plan(BASE)
+    for factor in (2, 10, 100):
+        bigger = dataclasses.replace(BASE, **{name: getattr(BASE, name) * factor})
+        large = plan(bigger)
+        for size in SIZES:
+            assert getattr(large, size) >= getattr(small, size), (name, factor, size)
+        for size in grows:
+            assert getattr(large, size) > getattr(small, size), (name, factor, size)
+        small = large
+
+
+@pytest.mark.parametrize(("needed", "shards"), [(0, 1), (1, 1), (2, 3), (3, 3), (4, 4), (22, 22)])
+def test_a_cluster_has_at_least_three_masters(needed: int, shards: int) -> None:
+    assert cluster_shards(needed) == shards
+
+
+@pytest.mark.parametrize(
+    ("load", "per_unit", "count"),
+    [(0.0, 0.5, 1), (0.5, 0.5, 1), (0.5000001, 0.5, 2), (1.5, 0.5, 3), (3 * 0.1, 0.1, 3)],
+)
+def test_units_round_up_but_not_past_an_exact_fit(load: float, per_unit: float, count: int) -> None:
+    assert units(load, per_unit) == count
+
+
+def quiet(fleet: Fleet) -> Fleet:
+    return dataclasses.replace(fleet, event_rate=0, query_rate=0)
+
+
+def test_shards_for_memory_follow_the_shard_size() -> None:
+    fleet = quiet(BASE)
+    planned = MEASURED.redis_bytes(fleet) * Budget().memory_headroom
+    exact = Budget(shard_memory_gib=planned / GIB)
+    assert plan(fleet, exact).shards == 1
+    assert (
+        plan(fleet, dataclasses.replace(exact, shard_memory_gib=planned / GIB / 1.01)).shards == 3
+    )
+    assert plan(fleet, dataclasses.replace(exact, shard_memory_gib=planned / GIB / 5)).shards == 5
+
+
+@pytest.mark.parametrize("shards", [1, 3, 7])
+def test_memory_per_shard_is_the_index_over_the_shards(shards: int) -> None:
+    sized = plan(BASE, shards=shards)
+    assert sized.shards == shards
+    [limit] = [b for b in sized.bottlenecks if b.name == "Redis memory per shard"]
+    assert limit.load == pytest.approx(sized.redis_bytes / shards / GIB)
+    assert limit.capacity == Budget().shard_memory_gib
+    [cpu] = [b for b in sized.bottlenecks if b.name == "Redis CPU per shard"]
+    assert cpu.load == pytest.approx(sized.redis_cores / shards)
+
+
+def test_the_planned_units_keep_each_bottleneck_within_the_budget() -> None:
+    budget = Budget(cpu_share=0.4)
+    sized = plan(dataclasses.replace(BASE, event_rate=3_000_000, query_rate=20_000), budget)
+    for limit in sized.bottlenecks:
+        if limit.unit == "cores" and "sidecar" not in limit.name:
+            assert limit.load <= budget.cpu_share + 1e-9, limit
+            assert limit.headroom >= 1 / budget.cpu_share - 1e-9, limit
+
+
+def test_no_load_is_infinite_headroom_and_one_of_everything() -> None:
+    sized = plan(quiet(BASE))
+    assert (sized.shards, sized.ingest_processes, sized.api_processes) == (1, 1, 1)
+    idle = {b.name for b in sized.bottlenecks if math.isinf(b.headroom)}
+    assert "API CPU per process" in idle and "Redis CPU per shard" in idle
+    assert "API CPU per process" in render(sized)
+
+
+@pytest.mark.parametrize(
+    ("entries", "event_rate", "fits"),
+    [(1_000_000, 10_000, True), (1_000_000_000, 10_000, False), (1_000_000, 10_000_000, False)],
+)
+def test_the_memory_store_fits_one_process_by_memory_and_cpu(
+    entries: int, event_rate: float, fits: bool
+) -> None:
+    fleet = dataclasses.replace(BASE, entries=entries, event_rate=event_rate, query_rate=10)
+    assert plan(fleet).memory_store_fits is fits
+
+
+def test_what_the_user_leaves_out_takes_the_worked_example_shape() -> None:
+    fleet = describe(1_000, 100_000_000)
+    assert fleet == Fleet(1_000, 100_000_000, 1_000_000, 100_000, 1_000_000.0, 10_000.0)
+    assert describe(10, 5, sessions=3, query_rate=0).query_rate == 0
+
+
+def test_the_feed_length_is_the_redis_store_default() -> None:
+    assert mirror.FEED_LENGTH == FEED_LENGTH
+
+
+def worked_examples() -> list[tuple[list[str], str]]:
+    """Each `kvsi size` command deploy/SIZING.md shows (a bash block) and its output (the
+    text block after it)."""
+    found = re.findall(
+        r"```bash\n\$ (kvsi size [^\n]+)\n```\n+```text\n(.*?)```", SIZING_DOC.read_text(), re.S
+    )
+    assert len(found) >= 2, "deploy/SIZING.md lacks its worked example or the 1/100 one"
+    return [(shlex.split(command)[1:], shown) for command, shown in found]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("example", [0, 1], ids=["worked", "at-1/100"])
+def test_the_docs_examples_are_what_kvsi_size_prints(example: int) -> None:
+    argv, shown = worked_examples()[example]
+    result = subprocess.run(
+        [sys.executable, "-m", "kvsi", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
+
+
+def test_the_worked_example_is_the_model_of_its_flags() -> None:
+    argv, shown = worked_examples()[0]
+    value = dict(zip(argv[1::2], argv[2::2], strict=True))
+    fleet = describe(
+        int(value["--workers"]),
+        int(value["--entries"]),
+        int(value["--sessions"]),
+        None,
+        float(value["--event-rate"]),
+        float(value["--query-rate"]),
+    )
+    assert fleet.workers == 1_000 and fleet.entries == 100_000_000 and fleet.sessions == 1_000_000
+    assert render(plan(fleet)) + "\n" == shown
+
+
+def test_a_plan_names_every_bottleneck_once() -> None:
+    sized: Plan = plan(BASE)
+    names = [b.name for b in sized.bottlenecks]
+    assert len(names) == len(set(names)) == 6
+    shown = render(sized)
+    assert all(name in shown for name in names)
+
+
+@pytest.mark.parametrize(
+    ("workers", "reads"), [(100, 413 + 470), (1_000, 413 + 1_420), (10_000, 413 + 470 + 10_450)]
+)
+def test_a_routes_reads_follow_the_measured_line_through_the_fleet(
+    workers: int, reads: float
+) -> None:
+    measured = dataclasses.replace(
+        MEASURED,
+        client_us_per_session_lookup=413.0,
+        client_us_per_prefix_match=((100, 470.0), (1_000, 1_420.0)),
+    )
+    assert measured.client_us_per_route(workers) == pytest.approx(reads)
+
+
+def test_a_measured_constant_is_read_from_one_place() -> None:
+    busy = dataclasses.replace(BASE, query_rate=0)
+    doubled = dataclasses.replace(MEASURED, redis_us_per_batch=2 * MEASURED.redis_us_per_batch)
+    assert plan(busy, measured=doubled).redis_cores == pytest.approx(2 * plan(busy).redis_cores)
+    bigger = dataclasses.replace(MEASURED, redis_bytes_per_entry=MEASURED.redis_bytes_per_entry + 1)
+    assert plan(busy, measured=bigger).redis_bytes == pytest.approx(
+        plan(busy).redis_bytes + BASE.entries
+    )
