@@ -68,9 +68,10 @@ def small_events(batches: int, seed: int, *, rooted: bool = False) -> list[bytes
     return out
 
 
-def agentic(batches: int, seed: int) -> list[bytes]:
-    """The simulator's agent traffic: shared system prompts, growing turns, reuse reports."""
-    engine = SimulatedEngine(num_blocks=50_000, seed=seed)
+def agentic(batches: int, seed: int, num_blocks: int = 50_000) -> list[bytes]:
+    """The simulator's agent traffic: shared system prompts, growing turns, reuse reports;
+    evictions once the engine's `num_blocks` are full."""
+    engine = SimulatedEngine(num_blocks=num_blocks, seed=seed)
     workload = AgenticWorkload(sessions=2000, seed=seed, system_prompts=8)
     out = []
     for b in range(batches):

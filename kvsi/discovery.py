@@ -3,8 +3,9 @@
 Imports the stream pool and store model; lightkube (the `k8s` extra) only inside the watch
 adapter, so every other mode runs without it. Top to bottom: what a pod publishes
 (`publishers_of`), the pure decision logic (`FleetPlanner`: pod events in, streams to start
-and stop and workers to forget out), the Kubernetes list+watch adapter (`watch_pods`), and
-the loop that joins them to a running `StreamPool` (`run_discovery`).
+and stop and workers to forget out; `Assignment`: of those, what this replica follows when
+several split the pods), the Kubernetes list+watch adapter (`watch_pods`), and the loop that
+joins them to a running `StreamPool` (`run_discovery`), beating the replicas' roster.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import structlog
 
 from kvsi import metrics
 from kvsi.errors import StartupError
+from kvsi.ownership import owner
+from kvsi.replicas import ReplicaBeat
 from kvsi.settings import DiscoveryConfig
 from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
 from kvsi.subscriber import metrics as ingest_metrics
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
     from lightkube.core.client import LabelSelector
     from lightkube.resources.core_v1 import Pod
+
+    from kvsi.store.base import ReplicaRoster
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +84,9 @@ class Changes:
     `start` again, with the new endpoint)."""
     forget: tuple[WorkerKey, ...] = ()
     """Workers gone for longer than the grace time: remove them with their data."""
+    release: tuple[WorkerKey, ...] = ()
+    """Streams to stop because another replica follows the pod now: its worker is not
+    marked gone (the new owner's stream reports it)."""
 
     @staticmethod
     def merge(parts: Iterable[Changes]) -> Changes:
@@ -87,6 +95,7 @@ class Changes:
             start=tuple(s for p in parts for s in p.start),
             stop=tuple(k for p in parts for k in p.stop),
             forget=tuple(k for p in parts for k in p.forget),
+            release=tuple(k for p in parts for k in p.release),
         )
 
 
@@ -195,6 +204,54 @@ class FleetPlanner:
         return Changes(stop=tuple(_key(s) for s in old))
 
 
+class Assignment:
+    """Of the planner's changes, what this replica does when replicas split the pods, pure:
+    the planner's `Changes` and views of the live replicas in, this replica's `Changes` out.
+
+    A pod is followed by its owner among the live replicas (`kvsi.ownership.owner`): a
+    replica starts the pods it gains at once and releases those it loses at once, so a
+    handover overlaps (the fence makes a double apply harmless) rather than leaves a gap,
+    as long as the replicas' views agree; while they differ (a beat apart), a pod may have
+    two followers, or none until the next beat (the new owner's stream replays from the
+    stored fence). Only the owner forgets a gone pod's workers. Without splitting, the view
+    is this replica alone: it follows every pod.
+    """
+
+    def __init__(self, me: str, *, split: bool) -> None:
+        self.me = me
+        self.replicas: tuple[str, ...] = () if split else (me,)
+        """The live replicas as last seen; none before a splitting replica's first beat."""
+        self.following: dict[WorkerKey, PublisherSpec] = {}
+        """The streams this replica runs."""
+
+    def mine(self, pod: str) -> bool:
+        return owner(pod, self.replicas) == self.me
+
+    def owned_pods(self) -> int:
+        return len({key.pod for key in self.following})
+
+    def on_fleet(self, changes: Changes) -> Changes:
+        """The planner's changes, kept to the pods this replica owns."""
+        stop = tuple(k for k in changes.stop if self.following.pop(k, None) is not None)
+        start = tuple(s for s in changes.start if self.mine(s.pod))
+        self.following.update((_key(s), s) for s in start)
+        forget = tuple(k for k in changes.forget if self.mine(k.pod))
+        return Changes(start=start, stop=stop, forget=forget)
+
+    def on_view(
+        self, replicas: tuple[str, ...], running: dict[str, tuple[PublisherSpec, ...]]
+    ) -> Changes:
+        """A new view of the live replicas: start the running pods gained, release those lost."""
+        self.replicas = replicas
+        wanted = {_key(s): s for pod, specs in running.items() if self.mine(pod) for s in specs}
+        release = tuple(k for k in self.following if k not in wanted)
+        start = tuple(s for k, s in wanted.items() if k not in self.following)
+        for key in release:
+            del self.following[key]
+        self.following.update((_key(s), s) for s in start)
+        return Changes(start=start, release=release)
+
+
 # -- the Kubernetes adapter ---------------------------------------------------------------
 
 
@@ -269,24 +326,61 @@ async def run_discovery(
     source: AsyncIterator[PodSnapshot | PodEvent],
     *,
     topic: str = "",
+    roster: ReplicaRoster | None = None,
 ) -> None:
-    """Apply `source`'s pod events and the grace timer to `pool` until cancelled."""
+    """Apply `source`'s pod events and the grace timer to `pool` until cancelled; with a
+    `roster` (discovery.split), only to the pods this replica owns, beating the roster in
+    the same loop (a beat is bounded so that it lands within the record it renews) and
+    leaving it when cancelled."""
     planner = FleetPlanner(config, topic)
+    assignment = Assignment(config.replica_id, split=roster is not None)
+    beat = (
+        None
+        if roster is None
+        else ReplicaBeat(roster, config.replica_id, config.beat_seconds, config.replica_ttl_seconds)
+    )
     events: asyncio.Queue[PodSnapshot | PodEvent] = asyncio.Queue(maxsize=EVENT_QUEUE)
     pump = asyncio.create_task(_pump(source, events), name="discovery-watch")
     try:
         while True:
-            await apply_changes(planner.expire(time.monotonic()), pool, config)
+            if beat is not None:
+                view = await beat.beat_if_due(time.monotonic())
+                if view is not None:
+                    await _apply(
+                        assignment.on_view(view, planner.running), assignment, pool, config
+                    )
+            await _apply(
+                assignment.on_fleet(planner.expire(time.monotonic())), assignment, pool, config
+            )
             try:
-                async with asyncio.timeout(planner.wait_seconds(time.monotonic())):
+                async with asyncio.timeout(_wait(planner, beat)):
                     event = await events.get()
             except TimeoutError:
                 continue
-            await apply_changes(planner.observe(event, time.monotonic()), pool, config)
+            changes = assignment.on_fleet(planner.observe(event, time.monotonic()))
+            await _apply(changes, assignment, pool, config)
             metrics.DISCOVERY_PODS.set(len(planner.running))
     finally:
         pump.cancel()
         await asyncio.gather(pump, return_exceptions=True)
+        if beat is not None:
+            await beat.leave()
+
+
+def _wait(planner: FleetPlanner, beat: ReplicaBeat | None) -> float | None:
+    """Until a worker is due to be forgotten or a beat is due; None: neither ever is."""
+    now = time.monotonic()
+    waits = [w for w in (planner.wait_seconds(now),) if w is not None]
+    if beat is not None:
+        waits.append(beat.wait_seconds(now))
+    return min(waits, default=None)
+
+
+async def _apply(
+    changes: Changes, assignment: Assignment, pool: StreamPool, config: DiscoveryConfig
+) -> None:
+    await apply_changes(changes, pool, config)
+    metrics.DISCOVERY_OWNED_PODS.set(assignment.owned_pods())
 
 
 async def _pump(
@@ -297,8 +391,9 @@ async def _pump(
 
 
 async def apply_changes(changes: Changes, pool: StreamPool, config: DiscoveryConfig) -> None:
-    """Stop, forget, start. A stopped worker not started again is shown `disconnected`
-    while it waits out the grace time, so routers stop choosing it at once."""
+    """Stop, release, forget, start. A stopped worker not started again is shown
+    `disconnected` while it waits out the grace time, so routers stop choosing it at once;
+    a released one is not (another replica follows it)."""
     restarted = {_key(s) for s in changes.start}
     for key in changes.stop:
         await pool.remove(key.pod, key.dp_rank)
@@ -308,6 +403,12 @@ async def apply_changes(changes: Changes, pool: StreamPool, config: DiscoveryCon
         log.info(
             "discovery.worker_stopped", worker=str(key), pod=key.pod, replaced=key in restarted
         )
+    for key in changes.release:
+        await pool.remove(key.pod, key.dp_rank)
+        await pool.gate.release(key)
+        ingest_metrics.INGEST.forget(str(key))
+        metrics.DISCOVERY_CHANGES.labels("released").inc()
+        log.info("discovery.worker_released", worker=str(key), pod=key.pod)
     for key in changes.forget:
         await pool.gate.remove_worker(key)
         ingest_metrics.INGEST.forget(str(key))

@@ -41,6 +41,20 @@ DISCOVERY_CHANGES = Counter(
     "Central mode's worker changes: streams started, stopped, workers forgotten.",
     ["action"],
 )
+DISCOVERY_OWNED_PODS = Gauge(
+    "kvsi_discovery_owned_pods",
+    "Discovered pods this central replica follows: all of them, or with discovery.split its "
+    "share (the replicas' values sum to kvsi_discovery_pods once they agree).",
+)
+DISCOVERY_REPLICAS = Gauge(
+    "kvsi_discovery_replicas",
+    "Live central replicas splitting the pods, as this replica's last beat saw them.",
+)
+DISCOVERY_BEAT_FAILURES = Counter(
+    "kvsi_discovery_beat_failures_total",
+    "Beats of this replica's roster record that failed (store down or slow): past "
+    "discovery.replica_ttl_seconds of them the others take its pods.",
+)
 DISCOVERY_WATCH_RESTARTS = Counter(
     "kvsi_discovery_watch_restarts_total",
     "Kubernetes pod watches started again (after an error or an expired resource version).",

@@ -26,7 +26,7 @@ from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from kvsi.store.base import IndexReader, IndexStore
 from kvsi.store.model import WorkerKey
-from kvsi.store.select import StoreURLError, masked, open_store
+from kvsi.store.select import StoreURLError, masked, open_roster, open_store
 from kvsi.subscriber.pool import StreamPool
 from kvsi.subscriber.stream import IngestOptions, PublisherSpec
 
@@ -112,7 +112,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
     if pool is not None:
         await pool.start()
         if settings.discovery is not None:
-            tasks.append(_start_discovery(settings.discovery, settings.topic, pool))
+            tasks.append(_start_discovery(settings.discovery, settings, pool))
         if settings.dynamo_api:
             follower = follow_registrations(
                 store, pool, topic=settings.topic, interval=settings.dynamo.follow_seconds
@@ -193,13 +193,22 @@ async def warn_if_unreachable(store: IndexReader, url: str) -> None:
         )
 
 
-def _start_discovery(config: DiscoveryConfig, topic: str, pool: StreamPool) -> asyncio.Task[None]:
-    """Central mode's discovery loop; the Kubernetes client is made here, so a missing
-    configuration stops the service at start."""
+def _start_discovery(
+    config: DiscoveryConfig, settings: Settings, pool: StreamPool
+) -> asyncio.Task[None]:
+    """Central mode's discovery loop; the Kubernetes client (and with discovery.split, the
+    replicas' roster) is made here, so a missing configuration stops the service at start."""
     from kvsi.discovery import open_kube_client, run_discovery, watch_pods
 
     source = watch_pods(open_kube_client(config), config)
-    return asyncio.create_task(run_discovery(config, pool, source, topic=topic), name="discovery")
+    try:
+        roster = open_roster(settings.store) if config.split else None
+    except StoreURLError as exc:
+        raise StartupError(f"discovery.split: {exc}") from exc
+    if roster is not None:
+        log.info("discovery.split", replica=config.replica_id, beat_seconds=config.beat_seconds)
+    run = run_discovery(config, pool, source, topic=settings.topic, roster=roster)
+    return asyncio.create_task(run, name="discovery")
 
 
 async def run_index_metrics(store: IndexReader, interval: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -79,6 +80,11 @@ class PublisherConfig(BaseModel):
         return None if value is None else zmq_endpoint(value)
 
 
+def default_replica_id() -> str:
+    """`POD_NAME` (set from the Downward API in deploy/), else `<host name>-<process id>`."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
 class DiscoveryConfig(BaseModel):
     """Central mode: find vLLM pods through the Kubernetes API instead of listing publishers.
 
@@ -102,6 +108,32 @@ class DiscoveryConfig(BaseModel):
     grace_seconds: float = Field(default=60.0, ge=0)
     """A worker whose pod is gone (deleted, or no longer running) keeps its index this long
     in case the pod returns under the same name, then it is removed with all its data."""
+    split: bool = False
+    """Several central replicas split the pods among themselves (a shared store only): each
+    replica beats a record with a TTL in the store, and every pod is followed by the one
+    live replica rendezvous hashing names (kvsi/ownership.py). False: this process follows
+    every pod it discovers (replicas on the same pods then each apply every batch, which
+    the fence makes harmless)."""
+    replica_id: str = Field(default_factory=default_replica_id, min_length=1)
+    """This replica's name among the splitting replicas: unique per process. Default: the
+    `POD_NAME` environment variable (the Downward API), else the host name and process id."""
+    beat_seconds: float = Field(default=1.0, gt=0)
+    """How often a splitting replica renews its record and reads the live replicas: a
+    replica joining or leaving (SIGTERM) is seen by the others within this."""
+    replica_ttl_seconds: float = Field(default=5.0, gt=0)
+    """A replica whose record was not renewed for this long (killed, partitioned from the
+    store) is no longer live and its pods go to the others: with one beat_seconds more,
+    the longest a lost replica's pods go unfollowed; the new owner replays the batches
+    published meanwhile from the stored fence (vLLM's replay buffer must reach that far)."""
+
+    @model_validator(mode="after")
+    def _ttl_outlasts_beats(self) -> DiscoveryConfig:
+        if self.replica_ttl_seconds < 2 * self.beat_seconds:
+            raise ValueError(
+                "replica_ttl_seconds must be at least twice beat_seconds (one late beat must "
+                "not make a live replica look lost)"
+            )
+        return self
 
 
 class DynamoConfig(BaseModel):
@@ -295,6 +327,15 @@ class Settings(BaseSettings):
     def _discovery_needs_ingest(self) -> Settings:
         if self.discovery is not None and not self.ingest:
             raise ValueError("discovery (central mode) subscribes to pods: it needs ingest on")
+        return self
+
+    @model_validator(mode="after")
+    def _split_needs_a_shared_store(self) -> Settings:
+        if self.discovery is not None and self.discovery.split and self.store == "memory":
+            raise ValueError(
+                "discovery.split needs a shared store (redis://...): on the memory store each "
+                "replica holds its own index, so each must follow every pod"
+            )
         return self
 
 

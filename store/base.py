@@ -1,9 +1,11 @@
-"""The store contract, by role: what ingest writes, what the API reads, Dynamo's registry.
+"""The store contract, by role: what ingest writes, what the API reads, Dynamo's registry,
+the central replicas' roster.
 
 Imports neither zmq nor fastapi. Every backend passes tests/conformance unchanged and is
 checked by mypy against `IndexStore` where store/select.py opens it; each part of the
 service asks for the narrowest role it uses (streams an `IndexWriter`, routes an
-`IndexReader`, the Dynamo API a reader and a `DynamoRegistry`).
+`IndexReader`, the Dynamo API a reader and a `DynamoRegistry`). `ReplicaRoster` is apart
+from the index: central replicas splitting the pods, on a shared store only.
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ class IndexWriter(Protocol):
 
     async def remove_worker(self, worker: WorkerKey) -> None:
         """Forget the worker entirely (gone for longer than the grace time)."""
+        ...
+
+    async def release(self, worker: WorkerKey) -> None:
+        """Stop writing the worker from this process (another process follows it now): drop
+        what this process keeps to write it; the index is unchanged. A later write of the
+        worker from here starts afresh. Redis: its mirror and directory marks go (memory
+        does not grow with every worker a central replica ever handed over); memory: the
+        process is the index, nothing to drop. O(1).
+        """
         ...
 
     async def expire_sessions(
@@ -259,6 +270,28 @@ class DynamoRegistry(Protocol):
     ) -> list[DynamoInstance]:
         """Forget the instance's registration of `dp_rank` (every rank if None); returns the
         registrations removed. The workers and their indexes stay. O(registrations)."""
+        ...
+
+
+class ReplicaRoster(Protocol):
+    """Central replicas splitting the pods (kvsi/ownership.py): each renews a record with a
+    TTL, and every renewal answers who is live. Not part of the index; only a shared store
+    has one (store/select.py `open_roster`)."""
+
+    async def beat(self, replica: str, ttl: float) -> list[str]:
+        """Record `replica` live for `ttl` seconds from now, drop the records that ran out,
+        and return the live replicas, sorted (`replica` among them). One atomic step, timed
+        by the store's clock, so replicas' clocks need not agree. O(log replicas) to record,
+        O(replicas) to answer."""
+        ...
+
+    async def leave(self, replica: str) -> None:
+        """Drop `replica`'s record at once (a clean stop): the others take its pods at
+        their next beat instead of after the TTL. O(log replicas)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
         ...
 
 

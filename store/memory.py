@@ -249,6 +249,9 @@ class MemoryStore:
             w.index.clear()
             self._publish(w, _engine_time(w), losses=True)
 
+    async def release(self, worker: WorkerKey) -> None:
+        """Nothing to drop: this process is the index."""
+
     async def remove_worker(self, worker: WorkerKey) -> None:
         """The worker's residencies end (their rows in the change feed, not as losses); a
         session left with no residency is kept as retired until it is idle."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from kvsi.store.base import IndexStore
+from kvsi.store.base import IndexStore, ReplicaRoster
 
 
 def _memory(url: str) -> IndexStore:
@@ -32,6 +32,19 @@ BACKENDS: dict[str, Callable[[str], IndexStore]] = {
 }
 """URL scheme (or the bare word `memory`) -> the backend's opener, which imports only that
 backend; mypy checks each backend against IndexStore where its opener returns it."""
+
+
+def _redis_roster(url: str) -> ReplicaRoster:
+    from kvsi.store.redis.roster import RedisRoster
+
+    return RedisRoster.from_url(url)
+
+
+ROSTERS: dict[str, Callable[[str], ReplicaRoster]] = {
+    scheme: _redis_roster for scheme, opener in BACKENDS.items() if opener is _redis
+}
+"""URL scheme -> the opener of the central replicas' roster: shared stores only (the memory
+store is one process's)."""
 
 
 class StoreURLError(ValueError):
@@ -58,6 +71,22 @@ def open_store(url: str) -> IndexStore:
         reason = str(exc).replace(url, shown)
         raise StoreURLError(reason if shown in reason else f"store {shown!r}: {reason}") from exc
     return store
+
+
+def open_roster(url: str) -> ReplicaRoster:
+    """The replicas' roster of the shared store at `url`; StoreURLError for a store that is
+    not shared (memory) or cannot be opened."""
+    scheme = url if "://" not in url else urlsplit(url).scheme
+    opener = ROSTERS.get(scheme)
+    if opener is None:
+        raise StoreURLError(
+            f"store {masked(url)!r} is not shared: replicas split pods over "
+            f"{', '.join(f'{name}://...' for name in ROSTERS)} only"
+        )
+    try:
+        return opener(url)
+    except ValueError as exc:
+        raise StoreURLError(str(exc).replace(url, masked(url))) from exc
 
 
 def masked(url: str) -> str:

@@ -102,6 +102,9 @@ class StoreGate:
     async def remove_worker(self, worker: WorkerKey) -> None:
         await self._call("remove_worker", lambda: self.store.remove_worker(worker))
 
+    async def release(self, worker: WorkerKey) -> None:
+        await self._call("release", lambda: self.store.release(worker))
+
     async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         try:
             result = await call()

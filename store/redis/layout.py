@@ -215,6 +215,12 @@ def decode_progress(raw: bytes) -> Progress:
     return Progress(int(lost), int(size) if size else None, frontier, int(at) if at else None)
 
 
+def roster_key(prefix: str) -> str:
+    """The central replicas' roster: a sorted set of replica id -> when its record runs out
+    (ms, the server's clock); its own slot, one small key."""
+    return f"{prefix}:replicas"
+
+
 def instances_key(prefix: str) -> str:
     """Dynamo registrations: a hash of `<instance_id>/<dp_rank>` -> msgpack
     `store.registry.DynamoInstance`; its own slot, one small key."""

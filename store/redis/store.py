@@ -109,6 +109,33 @@ def _all_applied(mirror: Mirror, batches: Sequence[Batch]) -> bool:
     return True
 
 
+STORE_OPTIONS = ("prefix", "registry_ttl", "feed_length")
+"""Query options of the store URL that are this store's, not redis-py's."""
+
+
+def open_client(url: str) -> tuple[Client, dict[str, str]]:
+    """A redis-py client for the store URL (its own options passed on), and the store's
+    options (`STORE_OPTIONS`) taken out of the query. Raises ValueError for an unknown scheme."""
+    split = urlsplit(url)
+    scheme = SCHEMES.get(split.scheme)
+    if scheme is None:
+        raise ValueError(f"store URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
+    options = dict(parse_qsl(split.query, keep_blank_values=True))
+    ours = {name: options.pop(name) for name in STORE_OPTIONS if name in options}
+    rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
+    client: Client
+    if split.scheme.endswith("+cluster"):
+        client = RedisCluster.from_url(rest)
+    else:
+        client = Redis.from_pool(
+            BlockingConnectionPool.from_url(
+                rest, retry=ONE_RECONNECT, max_connections=POOL_SIZE, timeout=POOL_WAIT
+            )
+        )
+    use_hiredis_packing(client)
+    return client, ours
+
+
 class _Reply(NamedTuple):
     """apply.lua's answer: outcome (or "stale"), and the version that followed the writer's."""
 
@@ -179,11 +206,7 @@ class RedisStore(RedisReader, RedisInstances):
         own options pass through, e.g. `max_connections` (default POOL_SIZE here: callers
         beyond it wait for a connection, up to POOL_WAIT seconds, rather than fail).
         """
-        split = urlsplit(url)
-        scheme = SCHEMES.get(split.scheme)
-        if scheme is None:
-            raise ValueError(f"store URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
-        options = dict(parse_qsl(split.query, keep_blank_values=True))
+        client, options = open_client(url)
         prefix = options.pop("prefix", DEFAULT_PREFIX)
         try:
             ttl = float(options.pop("registry_ttl", "1"))
@@ -195,17 +218,6 @@ class RedisStore(RedisReader, RedisInstances):
             feed_length = 0
         if feed_length < 1:
             raise ValueError(f"store URL {url!r}: feed_length must be a positive integer")
-        rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
-        client: Client
-        if split.scheme.endswith("+cluster"):
-            client = RedisCluster.from_url(rest)
-        else:
-            client = Redis.from_pool(
-                BlockingConnectionPool.from_url(
-                    rest, retry=ONE_RECONNECT, max_connections=POOL_SIZE, timeout=POOL_WAIT
-                )
-            )
-        use_hiredis_packing(client)
         return cls(client, prefix=prefix, registry_ttl=ttl, feed_length=feed_length)
 
     # -- batches ------------------------------------------------------------------------
@@ -541,6 +553,12 @@ class RedisStore(RedisReader, RedisInstances):
         await self._client.srem(self._registry_key, worker_member(worker))
         if self._registry is not None:
             self._registry.discard(worker)
+        self._writers.pop(worker, None)
+        self._directories.forget(worker)
+
+    async def release(self, worker: WorkerKey) -> None:
+        """The worker's writer (its mirror) and directory marks go; Redis is not touched.
+        A write in flight keeps its own reference and ends as it would."""
         self._writers.pop(worker, None)
         self._directories.forget(worker)
 

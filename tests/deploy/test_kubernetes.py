@@ -228,7 +228,10 @@ def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(
     assert int(annotations["kv-session-index/events-port"]) == discovery.events_port
     assert int(annotations["kv-session-index/replay-port"]) == discovery.replay_port
 
-    central = one(objs, "Deployment", "kvsi-central")["spec"]["template"]
+    deployment = one(objs, "Deployment", "kvsi-central")
+    assert deployment["spec"]["replicas"] > 1 and discovery.split, "replicas split the pods"
+    assert discovery.replica_id == POD_NAME, "each replica is named by its pod"
+    central = deployment["spec"]["template"]
     account = central["spec"]["serviceAccountName"]
     binding = one(objs, "RoleBinding", "kvsi-discovery")
     assert binding["subjects"] == [

@@ -144,6 +144,12 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         {"KUBECONFIG": "/nonexistent/kubeconfig"},
         "--discover needs a Kubernetes configuration",
     ),
+    (
+        "discover-split-on-memory",
+        ["serve", "--discover", "app=vllm"],
+        {"KVSI_DISCOVERY__SPLIT": "true"},
+        "discovery.split needs a shared store (redis://...)",
+    ),
 ]
 
 

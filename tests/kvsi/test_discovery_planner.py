@@ -8,8 +8,17 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsi.cli import app
-from kvsi.discovery import Changes, FleetPlanner, PodEvent, PodInfo, PodSnapshot, publishers_of
+from kvsi.discovery import (
+    Assignment,
+    Changes,
+    FleetPlanner,
+    PodEvent,
+    PodInfo,
+    PodSnapshot,
+    publishers_of,
+)
 from kvsi.errors import StartupError
+from kvsi.ownership import owner
 from kvsi.settings import DiscoveryConfig, load_settings
 from kvsi.store.model import WorkerKey
 from kvsi.subscriber.stream import PublisherSpec
@@ -150,3 +159,111 @@ def test_discovery_settings_need_ingest_and_labels_flags_need_a_value() -> None:
         load_settings(None, discovery={"labels": {}})
     result = CliRunner().invoke(app, ["serve", "--discover", "app"])
     assert result.exit_code != 0 and "expected KEY=VALUE" in result.output
+
+
+# -- Assignment: the planner's changes, kept to the pods this replica owns ----------------
+
+
+def replica_of(pod: str, replicas: tuple[str, ...]) -> str:
+    found = owner(pod, replicas)
+    assert found is not None
+    return found
+
+
+def test_without_splitting_a_replica_follows_every_pod() -> None:
+    planner, mine = FleetPlanner(CONFIG), Assignment("only", split=False)
+    changes = mine.on_fleet(planner.observe(PodSnapshot((running("a"), running("b"))), 0.0))
+    assert [s.pod for s in changes.start] == ["a", "b"]
+    assert mine.owned_pods() == 2
+
+
+def test_a_splitting_replica_follows_nothing_before_its_first_beat() -> None:
+    planner, mine = FleetPlanner(CONFIG), Assignment("r1", split=True)
+    assert mine.on_fleet(planner.observe(PodSnapshot((running("a"),)), 0.0)) == Changes()
+    started_now = mine.on_view(("r1",), planner.running)
+    assert [s.pod for s in started_now.start] == ["a"]
+
+
+def test_replicas_with_one_view_start_disjoint_pods_covering_the_fleet() -> None:
+    view = ("r1", "r2", "r3")
+    pods = tuple(running(f"vllm-{i}", dp_size="2") for i in range(12))
+    followed: list[WorkerKey] = []
+    for me in view:
+        planner, mine = FleetPlanner(CONFIG), Assignment(me, split=True)
+        mine.on_view(view, planner.running)
+        changes = mine.on_fleet(planner.observe(PodSnapshot(pods), 0.0))
+        assert {s.pod for s in changes.start} == {
+            p.name for p in pods if replica_of(p.name, view) == me
+        }
+        followed += [WorkerKey(s.pod, s.dp_rank) for s in changes.start]
+    assert sorted(followed) == sorted(WorkerKey(f"vllm-{i}", r) for i in range(12) for r in (0, 1))
+
+
+def test_a_lost_replica_s_pods_are_started_by_their_new_owner_and_nothing_else_moves() -> None:
+    pods = PodSnapshot(tuple(running(f"vllm-{i}") for i in range(20)))
+    lost_pods = {p.name for p in pods.pods if replica_of(p.name, ("r1", "r2", "r3")) == "r3"}
+    assert lost_pods, "the table needs pods on the lost replica"
+    for me in ("r1", "r2"):
+        planner, mine = FleetPlanner(CONFIG), Assignment(me, split=True)
+        mine.on_view(("r1", "r2", "r3"), planner.running)
+        mine.on_fleet(planner.observe(pods, 0.0))
+        takeover = mine.on_view(("r1", "r2"), planner.running)
+        assert takeover.release == () and takeover.stop == ()
+        assert {s.pod for s in takeover.start} == {
+            p for p in lost_pods if replica_of(p, ("r1", "r2")) == me
+        }
+
+
+def test_a_joining_replica_makes_the_others_release_only_what_it_takes() -> None:
+    pods = PodSnapshot(tuple(running(f"vllm-{i}") for i in range(20)))
+    planner, mine = FleetPlanner(CONFIG), Assignment("r1", split=True)
+    mine.on_view(("r1", "r2"), planner.running)
+    mine.on_fleet(planner.observe(pods, 0.0))
+    before = {k.pod for k in mine.following}
+    handed = mine.on_view(("r1", "r2", "r3"), planner.running)
+    assert handed.start == () and handed.stop == () and handed.forget == ()
+    assert {k.pod for k in handed.release} == {
+        p for p in before if replica_of(p, ("r1", "r2", "r3")) == "r3"
+    }
+    assert handed.release, "the table needs pods that move"
+    assert mine.on_view(("r1", "r2", "r3"), planner.running) == Changes(), "no change, nothing"
+
+
+def test_only_the_owner_stops_marks_and_forgets_a_gone_pod() -> None:
+    view = ("r1", "r2")
+    name = "vllm-x"
+    keeper = replica_of(name, view)
+    for me in view:
+        planner, mine = FleetPlanner(CONFIG), Assignment(me, split=True)
+        mine.on_view(view, planner.running)
+        mine.on_fleet(planner.observe(PodEvent("ADDED", running(name)), 0.0))
+        gone = mine.on_fleet(planner.observe(PodEvent("DELETED", running(name)), 1.0))
+        forgotten = mine.on_fleet(planner.expire(100.0))
+        owns = me == keeper
+        assert gone == (Changes(stop=(WorkerKey(name, 0),)) if owns else Changes())
+        assert forgotten == (Changes(forget=(WorkerKey(name, 0),)) if owns else Changes())
+
+
+def test_a_new_endpoint_of_an_owned_pod_restarts_its_stream() -> None:
+    planner, mine = FleetPlanner(CONFIG), Assignment("r1", split=True)
+    mine.on_view(("r1",), planner.running)
+    mine.on_fleet(planner.observe(PodEvent("ADDED", running("v", ip="10.0.0.5")), 0.0))
+    moved = mine.on_fleet(planner.observe(PodEvent("MODIFIED", running("v", ip="10.0.0.8")), 1.0))
+    assert moved.stop == (WorkerKey("v", 0),)
+    assert started(moved) == [("v", 0, "tcp://10.0.0.8:5557", "tcp://10.0.0.8:5657")]
+    assert mine.following[WorkerKey("v", 0)].endpoint == "tcp://10.0.0.8:5557"
+
+
+def test_split_needs_a_shared_store_and_a_ttl_of_two_beats() -> None:
+    with pytest.raises(StartupError, match=r"discovery\.split needs a shared store"):
+        load_settings(None, discovery={"labels": {"app": "vllm"}, "split": True})
+    with pytest.raises(StartupError, match="twice beat_seconds"):
+        load_settings(
+            None,
+            store="redis://127.0.0.1:1",
+            discovery={"labels": {"a": "b"}, "beat_seconds": 3, "replica_ttl_seconds": 5},
+        )
+    split = load_settings(
+        None, store="redis://127.0.0.1:1", discovery={"labels": {"a": "b"}, "split": True}
+    )
+    assert split.discovery is not None and split.discovery.replica_id
