@@ -25,18 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import zmq
 import zmq.asyncio
 from ingest_e2e import (
     WARMUP_TS,
     Kvsi,
     cpu_seconds,
-    free_port,
-    process,
     publishers,
+    serving,
     stamped,
-    warm_up,
 )
 from ingest_memory import agentic, block_events
 from ingest_redis import redis_server
@@ -113,35 +110,27 @@ async def one_run(
     indexer: KvsiOn, workers: int, streams: Sequence[Sequence[bytes]], rate: float, ticks: int
 ) -> dict[str, Any]:
     sizes = [[block_events_of(p) for p in stream] for stream in streams]
-    port = free_port()
-    async with publishers(workers, ticks) as pubs:
-        with process(indexer.command(pubs, port), indexer.env(pubs)) as (proc, log):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
-                try:
-                    await warm_up(indexer, c, pubs)
-                except TimeoutError:
-                    print(log.read_text()[-3000:], file=sys.stderr)
-                    raise
-                base = await indexer.applied(c)
-                cpu = cpu_seconds(proc.pid)
-                progress = Progress()
-                samples: list[tuple[float, int, float]] = []
-                sender = asyncio.create_task(paced(pubs, streams, sizes, rate, ticks, progress))
-                began = time.monotonic()
-                while not sender.done():
-                    await asyncio.sleep(POLL_SECONDS)
-                    applied = await indexer.applied(c) - base
-                    samples.append((time.monotonic() - began, progress.sent, applied))
-                send_seconds = await sender
-                cpu = (cpu_seconds(proc.pid) - cpu) / (time.monotonic() - began)
-                end_sent, end_applied = progress.sent, samples[-1][2]
-                drain_began = time.monotonic()
-                while await indexer.applied(c) - base < end_sent:
-                    if time.monotonic() - drain_began > DRAIN_SECONDS:
-                        break
-                    await asyncio.sleep(0.1)
-                drain = time.monotonic() - drain_began
-                notes = await indexer.notes(c)
+    async with publishers(workers, ticks) as pubs, serving(indexer, pubs) as (proc, c):
+        base = await indexer.applied(c)
+        cpu = cpu_seconds(proc.pid)
+        progress = Progress()
+        samples: list[tuple[float, int, float]] = []
+        sender = asyncio.create_task(paced(pubs, streams, sizes, rate, ticks, progress))
+        began = time.monotonic()
+        while not sender.done():
+            await asyncio.sleep(POLL_SECONDS)
+            applied = await indexer.applied(c) - base
+            samples.append((time.monotonic() - began, progress.sent, applied))
+        send_seconds = await sender
+        cpu = (cpu_seconds(proc.pid) - cpu) / (time.monotonic() - began)
+        end_sent, end_applied = progress.sent, samples[-1][2]
+        drain_began = time.monotonic()
+        while await indexer.applied(c) - base < end_sent:
+            if time.monotonic() - drain_began > DRAIN_SECONDS:
+                break
+            await asyncio.sleep(0.1)
+        drain = time.monotonic() - drain_began
+        notes = await indexer.notes(c)
     # From the last sample of the first half (the start if none: a saturated process may
     # answer /metrics only every few seconds) to the last one.
     (t1, sent1, applied1) = samples[-1]

@@ -311,30 +311,40 @@ async def drained(indexer: Indexer, client: httpx.AsyncClient, target: float) ->
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def run_one(indexer: Indexer, payloads: Sequence[Sequence[bytes]], total: Totals) -> Result:
+@contextlib.asynccontextmanager
+async def serving(
+    indexer: Indexer, pubs: Sequence[SimulatedPublisher]
+) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """The indexer's process, subscribed to `pubs` and warmed up, and a client of its HTTP
+    port; its log's end printed if the warm-up fails."""
     port = free_port()
-    async with publishers(len(payloads), len(payloads[0])) as pubs:
-        with process(indexer.command(pubs, port), indexer.env(pubs)) as (proc, log):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
-                try:
-                    await warm_up(indexer, c, pubs)
-                except TimeoutError:
-                    print(log.read_text()[-3000:], file=sys.stderr)
-                    raise
-                base = await indexer.applied(c)
-                cpu = cpu_seconds(proc.pid)
-                started = time.monotonic()
-                await blast(pubs, payloads)
-                published = time.monotonic()
-                complete = await drained(indexer, c, base + indexer.expected(total))
-                seconds = time.monotonic() - started
-                cpu = cpu_seconds(proc.pid) - cpu
-                notes = await indexer.notes(c)
-                if not complete:
-                    got = await indexer.applied(c) - base
-                    notes += (
-                        f"; INCOMPLETE: {got:,.0f} of {indexer.expected(total):,} {indexer.unit}"
-                    )
+    with process(indexer.command(pubs, port), indexer.env(pubs)) as (proc, log):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            try:
+                await warm_up(indexer, c, pubs)
+            except TimeoutError:
+                print(log.read_text()[-3000:], file=sys.stderr)
+                raise
+            yield proc, c
+
+
+async def run_one(indexer: Indexer, payloads: Sequence[Sequence[bytes]], total: Totals) -> Result:
+    async with (
+        publishers(len(payloads), len(payloads[0])) as pubs,
+        serving(indexer, pubs) as (proc, c),
+    ):
+        base = await indexer.applied(c)
+        cpu = cpu_seconds(proc.pid)
+        started = time.monotonic()
+        await blast(pubs, payloads)
+        published = time.monotonic()
+        complete = await drained(indexer, c, base + indexer.expected(total))
+        seconds = time.monotonic() - started
+        cpu = cpu_seconds(proc.pid) - cpu
+        notes = await indexer.notes(c)
+        if not complete:
+            got = await indexer.applied(c) - base
+            notes += f"; INCOMPLETE: {got:,.0f} of {indexer.expected(total):,} {indexer.unit}"
     return Result(indexer.name, seconds, published - started, complete, cpu / seconds, notes)
 
 

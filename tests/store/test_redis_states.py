@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.redis import RedisStore
 from kvsi.store.redis import reads as reads_module
 from tests.store.commandstats import calls
 from tests.store.conftest import MakeStore
@@ -23,20 +24,26 @@ def status(state: WorkerState, detail: str = "") -> WorkerStatus:
     return WorkerStatus(state=state, since=time.time(), detail=detail)
 
 
-async def refreshed(reader: object) -> dict[WorkerKey, WorkerState]:
+async def refreshed(reader: RedisStore) -> dict[WorkerKey, WorkerState]:
     await asyncio.sleep(TTL * 2)
-    return await reader.worker_states()  # type: ignore[attr-defined,no-any-return]
+    return await reader.worker_states()
 
 
-async def test_an_unchanged_fleet_costs_one_get_per_refresh(
-    make_store: MakeStore, raw: redis.Redis
-) -> None:
+@pytest.fixture
+async def fleet(make_store: MakeStore) -> tuple[RedisStore, RedisStore]:
+    """A writer that set every worker live, and a reader whose cache holds them."""
     writer = await make_store()
     for worker in WORKERS:
         await writer.set_status(worker, status(WorkerState.LIVE))
     reader = await make_store(registry_ttl=str(TTL))
     assert set((await reader.worker_states()).values()) == {WorkerState.LIVE}
+    return writer, reader
 
+
+async def test_an_unchanged_fleet_costs_one_get_per_refresh(
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
+) -> None:
+    _, reader = fleet
     hgets, gets = calls(raw, "hget"), calls(raw, "get")
     for _ in range(3):
         assert len(await refreshed(reader)) == len(WORKERS)
@@ -45,14 +52,9 @@ async def test_an_unchanged_fleet_costs_one_get_per_refresh(
 
 
 async def test_a_state_another_process_changed_is_read_at_the_next_refresh(
-    make_store: MakeStore, raw: redis.Redis
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
 ) -> None:
-    writer = await make_store()
-    for worker in WORKERS:
-        await writer.set_status(worker, status(WorkerState.LIVE))
-    reader = await make_store(registry_ttl=str(TTL))
-    await reader.worker_states()
-
+    writer, reader = fleet
     await writer.set_status(WORKERS[3], status(WorkerState.DEGRADED, "gap"))
     assert (await refreshed(reader))[WORKERS[3]] is WorkerState.DEGRADED
     hgets = calls(raw, "hget")
@@ -62,12 +64,9 @@ async def test_a_state_another_process_changed_is_read_at_the_next_refresh(
 
 
 async def test_a_state_written_without_the_counter_is_read_within_the_bound(
-    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+    fleet: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writer = await make_store()
-    await writer.set_status(WORKERS[0], status(WorkerState.LIVE))
-    reader = await make_store(registry_ttl=str(TTL))
-    await reader.worker_states()
+    writer, reader = fleet
     writer._states_key = "elsewhere"  # a writer that died before its INCR
 
     await writer.set_status(WORKERS[0], status(WorkerState.DISCONNECTED))
