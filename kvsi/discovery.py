@@ -370,10 +370,11 @@ async def run_discovery(
 def _wait(planner: FleetPlanner, beat: ReplicaBeat | None) -> float | None:
     """Until a worker is due to be forgotten or a beat is due; None: neither ever is."""
     now = time.monotonic()
-    waits = [w for w in (planner.wait_seconds(now),) if w is not None]
-    if beat is not None:
-        waits.append(beat.wait_seconds(now))
-    return min(waits, default=None)
+    wait = planner.wait_seconds(now)
+    if beat is None:
+        return wait
+    due = beat.wait_seconds(now)
+    return due if wait is None else min(wait, due)
 
 
 async def _apply(

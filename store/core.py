@@ -115,6 +115,10 @@ class WorkerIndex(Generic[P, R]):
     def entries(self) -> int:
         return sum(len(p.holders) for p in self.by_pid.values())
 
+    def holds(self, h: Hash) -> bool:
+        """Whether any part holds the entry `h`."""
+        return any(h in part.holders for part in self.by_pid.values())
+
     def unconfirmed(self) -> int:
         return sum(len(p.pending) for p in self.by_pid.values())
 

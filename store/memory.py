@@ -468,7 +468,7 @@ class MemoryStore:
 
     def _holds(self, key: WorkerKey, h: Hash) -> bool:
         w = self._workers.get(key)
-        return w is not None and any(h in part.holders for part in w.index.by_pid.values())
+        return w is not None and w.index.holds(h)
 
     async def worker_models(self) -> dict[WorkerKey, str | None]:
         return {key: w.status.model for key, w in self._workers.items()}

@@ -53,11 +53,6 @@ class Asserted:
         self.firsts: dict[Hash, float] = {}
 
 
-def _holds(mirror: Mirror) -> Callable[[Hash], bool]:
-    parts = list(mirror.index.by_pid.values())
-    return lambda h: any(h in part.holders for part in parts)
-
-
 class Directories:
     """The directory writes of one store's writers, over its client."""
 
@@ -100,7 +95,9 @@ class Directories:
         refresh = now - DIRECTORY_TTL / 2
         due = Due(
             sessions_to_assert(batches, mirror.index.residencies, state.sessions, refresh),
-            firsts_to_assert(batches, _holds(mirror), state.firsts, refresh, restarted=restarted),
+            firsts_to_assert(
+                batches, mirror.index.holds, state.firsts, refresh, restarted=restarted
+            ),
         )
         if not self._inline:
             await self.write(state, due, now)
@@ -163,7 +160,7 @@ class Directories:
         """After a writer loaded the worker: its first blocks asserted again (those no
         longer held dropped from its `firsts` set), and, for a worker from before the
         directory (meta without `dir`), every residency asserted and the mark set."""
-        held = _holds(mirror)
+        held = mirror.index.holds
         known = [hash_of(m) for m in firsts]
         state.firsts = {}
         sessions = [] if DIRECTORY_MARK.encode() in meta else list(mirror.index.residencies)
@@ -193,7 +190,7 @@ class Directories:
         holds leave its `firsts` set (their entries are pruned by reads or expire), those
         asserted half a TTL ago are asserted again (a block a prompt keeps hitting is never
         stored again). O(its first blocks)."""
-        held = _holds(mirror)
+        held = mirror.index.holds
         refresh = now - DIRECTORY_TTL / 2
         gone = [h for h in state.firsts if not held(h)]
         for h in gone:

@@ -257,9 +257,6 @@ class KnownWorkers:
     def __contains__(self, worker: object) -> bool:
         return worker in self._workers
 
-    def __len__(self) -> int:
-        return len(self._workers)
-
     def add(self, worker: WorkerKey) -> None:
         if worker not in self._workers:
             self._workers.add(worker)

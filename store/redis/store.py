@@ -553,8 +553,7 @@ class RedisStore(RedisReader, RedisInstances):
         await self._client.srem(self._registry_key, worker_member(worker))
         if self._registry is not None:
             self._registry.discard(worker)
-        self._writers.pop(worker, None)
-        self._directories.forget(worker)
+        await self.release(worker)
 
     async def release(self, worker: WorkerKey) -> None:
         """The worker's writer (its mirror) and directory marks go; Redis is not touched.
