@@ -89,19 +89,9 @@ class StreamPool:
         return reasons
 
 
-CANCEL_AGAIN_SECONDS = 1.0
-"""How long a stopping stream gets before it is cancelled once more."""
-
-
 async def _cancelled(task: asyncio.Task[None]) -> None:
-    """Cancel `task` and wait for it to end, cancelling it again while it runs on. A stream
-    cancelled at some moment went on (its applier back waiting on its inbox, the
-    cancellation still pending, where it was swallowed not found yet), and a central
-    replica's `remove` then waited forever (tests/e2e/test_central_replicas.py, and a
-    loop of add/remove on two pools over Redis: within ~60 removes, none with this)."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=CANCEL_AGAIN_SECONDS)
+    """Cancel `task` and wait for it to end."""
+    task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
 

@@ -54,7 +54,7 @@ from kvsi.store.redis.layout import (
 from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
 from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
 from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua
-from kvsi.store.redis.transport import DirectScript, use_hiredis_packing
+from kvsi.store.redis.transport import DirectScript, keep_cancellations, use_hiredis_packing
 
 SCHEMES = {
     "redis": "redis",
@@ -133,6 +133,7 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
             )
         )
     use_hiredis_packing(client)
+    keep_cancellations()
     return client, ours
 
 

@@ -1,4 +1,5 @@
-"""How the Redis store's commands reach Redis: hiredis packing, and a direct path for apply.
+"""How the Redis store's commands reach Redis: hiredis packing, a direct path for apply, and
+cancellations that are never lost on the way.
 
 Imports neither zmq nor fastapi. Why (figures in bench/README.md, ingest_redis.py): one
 batch's EVALSHA carries hundreds of arguments, and redis-py's asyncio `pack_command` is
@@ -12,17 +13,21 @@ a standalone server.
 from __future__ import annotations
 
 import asyncio
+import sys
+import types
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar, cast
 
 import hiredis
+import redis.asyncio.connection
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 C = TypeVar("C", bound=AbstractConnection)
+T = TypeVar("T")
 
 _PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
@@ -66,6 +71,39 @@ def use_hiredis_packing(client: Redis | RedisCluster) -> None:
     else:
         pool = client.connection_pool
         pool.connection_class = packing(pool.connection_class)
+
+
+async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:  # noqa: ASYNC109 (its signature)
+    """`asyncio.wait_for` as Python 3.12 builds it: the await inside `asyncio.timeout`, so a
+    cancellation of the caller always ends the call with CancelledError."""
+    async with asyncio.timeout(timeout):
+        return await aw
+
+
+def keep_cancellations() -> None:
+    """Give redis-py's connections (every client of the process) a `wait_for` that never
+    swallows a cancellation, on Python 3.11.
+
+    Python 3.11's `asyncio.wait_for` returns the result instead of raising CancelledError
+    when the task is cancelled in the loop turn its operation completes (CPython issue
+    gh-86296, fixed in 3.12), and redis-py sends every command through it when the
+    connection has a socket timeout. A cancelled task then went on as if never cancelled:
+    a stream told to stop kept running and its pool's `stop` waited for it forever
+    (tests/store/test_redis_cancellation.py). Only redis-py's connection module is given
+    the fixed function; the rest of the process keeps asyncio's own.
+    """
+    names = vars(redis.asyncio.connection)
+    if sys.version_info < (3, 12) and not isinstance(names["asyncio"], _Asyncio):
+        names["asyncio"] = _Asyncio()
+
+
+class _Asyncio(types.ModuleType):
+    """asyncio, but for `wait_for`."""
+
+    def __init__(self) -> None:
+        super().__init__(asyncio.__name__, asyncio.__doc__)
+        self.__dict__.update(vars(asyncio))
+        self.wait_for = wait_for
 
 
 class DirectScript:
