@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO))
 from tests.redis_servers import RedisClusterServers, RedisServer
 
 RUN = 16
-"""Batches per `apply_many` of the loader: subscriber/stream.py's GROUP_MAX."""
+"""Batches per `apply_many` of the loader: subscriber/applier.py's RUN_MAX."""
 LOADING = 8
 """Workers the loader writes at once."""
 INTSET_ENTRIES = 8192

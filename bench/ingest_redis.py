@@ -32,8 +32,8 @@ from kvsi.logs import configure_logging
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import decode_residency
+from kvsi.subscriber.applier import RUN_MAX
 from kvsi.subscriber.decode import ingest_decoder
-from kvsi.subscriber.stream import GROUP_MAX
 
 INTSET_ENTRIES = 512
 """The server's `set-max-intset-entries`: Redis' default, which the small workload's session
@@ -122,7 +122,7 @@ async def ingest(
     """Decode + apply every payload as `workers` concurrent streams into an empty server,
     spread over `processes` processes (1: this one; more: one sidecar process each, as a
     fleet of per-pod sidecars shares one Redis), `group` batches per store call (1: one
-    `apply` each, a stream keeping up; GROUP_MAX: the runs a stream behind its publisher
+    `apply` each, a stream keeping up; RUN_MAX: the runs a stream behind its publisher
     stores with `apply_many`).
 
     Returns (seconds, client CPU seconds of all processes, server CPU seconds).
@@ -306,7 +306,7 @@ async def run(args: argparse.Namespace) -> None:
             payloads = make(args.batches, args.seed)
             n = block_events(payloads) * args.workers
             batches = len(payloads) * args.workers
-            for procs, group in itertools.product(sorted({1, args.processes}), (1, GROUP_MAX)):
+            for procs, group in itertools.product(sorted({1, args.processes}), (1, RUN_MAX)):
                 runs = [
                     await ingest(port, payloads, args.workers, procs, group)
                     for _ in range(args.runs)

@@ -51,6 +51,11 @@ log = structlog.get_logger(__name__)
 _NAMES_BLOCKS = (EntriesStored, EntriesRemoved)
 """The events that name block hashes (every other is WorkerCleared)."""
 
+RUN_MAX = 16
+"""Most batches stored in one call (one Redis script for the run): the live messages held
+back to back, or the batches of a replay, that simply follow the fence. A Redis script runs
+them in one go and other clients wait while it does: the bound keeps that wait short."""
+
 DROP_LOG_SECONDS = 10.0
 """At most one log line per drop reason per stream in this time (with the running count):
 a publisher sending garbage must not flood the logs; the counters still count every drop."""
@@ -99,14 +104,14 @@ class Applier:
         self._resourced = resourced
         self._applied_any = False
         self._drop_logged: dict[DropReason, float] = {}
+        self._replayed: list[Batch] = []
+        """Replayed batches that follow the fence, held to be stored as one run."""
 
     async def on_live(self, messages: list[list[bytes]]) -> None:
         """Live messages held back to back: runs of clean batches that simply follow the
         fence go to the store together (one call: one Redis script for the run); any other
         message is decided alone, after the run before it is stored."""
         run: list[Batch] = []
-        order = self.order
-        rank = self.worker.dp_rank
         decode = self._decoder.decode
         self.counters.messages += len(messages)
         for frames in messages:
@@ -116,26 +121,42 @@ class Applier:
                 continue
             seq, payload = parsed
             decoded = decode(payload)
-            if (
-                decoded.ok
-                and not decoded.dropped
-                and math.isfinite(decoded.ts)
-                and decoded.data_parallel_rank in (None, rank)
-                and order.follows(seq, decoded.ts)
-            ):
+            if self._follows(seq, decoded):
                 run.append(Batch(seq, decoded.ts, decoded.events))
                 continue
             if run:
                 await self._store(run, Mode.LIVE)
                 run = []
             await self._accept(seq, decoded, Mode.LIVE)
-            rank = self.worker.dp_rank
         if run:
             await self._store(run, Mode.LIVE)
 
+    def _follows(self, seq: int, decoded: Decoded[StoreEvent]) -> bool:
+        """A clean batch that simply follows the fence (which then stands after it): stored
+        in a run with its neighbours, the rules' other decisions not needed."""
+        return (
+            decoded.ok
+            and not decoded.dropped
+            and math.isfinite(decoded.ts)
+            and decoded.data_parallel_rank in (None, self.worker.dp_rank)
+            and self.order.follows(seq, decoded.ts)
+        )
+
     async def _deliver(self, seq: int, payload: bytes) -> bool:
-        """A replayed batch; False stops the replay."""
-        return await self._accept(seq, self._decoder.decode(payload), Mode.REPLAY)
+        """A replayed batch; False stops the replay. Batches that simply follow the fence
+        are held and stored in runs of up to RUN_MAX, as live ones are (`_store_replayed`
+        stores what is held when the replay ends)."""
+        decoded = self._decoder.decode(payload)
+        if self._follows(seq, decoded):
+            self._replayed.append(Batch(seq, decoded.ts, decoded.events))
+            return len(self._replayed) < RUN_MAX or await self._store_replayed()
+        return await self._store_replayed() and await self._accept(seq, decoded, Mode.REPLAY)
+
+    async def _store_replayed(self) -> bool:
+        """Store the replayed batches held (their fence already stands); False: the store
+        lost the worker's index (the replay stops)."""
+        run, self._replayed = self._replayed, []
+        return not run or await self._store(run, Mode.REPLAY)
 
     async def _accept(self, seq: int, decoded: Decoded[StoreEvent], mode: Mode) -> bool:
         """Check a decoded batch, have the rules decide, do what they say; False asks a
@@ -299,11 +320,13 @@ class Applier:
         try:
             report = await self._fetch_when_possible(start)
         except ReplayFailedError as exc:
+            await self._store_replayed()
             counters.replays["failed"] = counters.replays.get("failed", 0) + 1
             counters.replay_failures[exc.reason] = counters.replay_failures.get(exc.reason, 0) + 1
             self.order.replay_failed(str(exc))
             self.log.warning("stream.replay_failed", start=start, reason=exc.reason, error=str(exc))
             return None
+        await self._store_replayed()
         result = "stopped" if report.stopped else "complete"
         counters.replays[result] = counters.replays.get(result, 0) + 1
         self.log.info(

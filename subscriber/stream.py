@@ -23,7 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from kvsi.store.model import Fence, WorkerKey, WorkerState, WorkerStatus
 from kvsi.subscriber import metrics
-from kvsi.subscriber.applier import Applier
+from kvsi.subscriber.applier import RUN_MAX, Applier
 from kvsi.subscriber.framing import SEQ_BYTES
 from kvsi.subscriber.gate import StoreGate
 from kvsi.subscriber.health import WorkerHealth
@@ -32,10 +32,6 @@ from kvsi.subscriber.receiver import Receiver
 from kvsi.subscriber.replay import ReplayClient
 from kvsi.subscriber.sockets import ResourceError, StreamRoom, open_live
 from kvsi.subscriber.topic import model_of_topic
-
-GROUP_MAX = 16
-"""Most live batches of a backlog stored in one call (a Redis script runs them in one go,
-and other clients wait while it does: the bound keeps that wait short)."""
 
 RESOURCE_RETRY_SECONDS = 0.1
 """First pause before a stream tries again to open a socket a resource limit refused."""
@@ -267,7 +263,7 @@ class WorkerStream:
             self._busy_since = item[0]
             messages = [item[1]]
             if len(inbox) and order.may_group:
-                messages += inbox.take(GROUP_MAX - 1)
+                messages += inbox.take(RUN_MAX - 1)
             self._holding = len(messages)
             await applier.on_live(messages)
             since_yield += self._holding

@@ -6,6 +6,7 @@ the memory store itself never fails.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,10 @@ class RecordingStore:
         self.inner = MemoryStore()
         self.applied: list[tuple[WorkerKey, int, ApplyOutcome]] = []
         self.statuses: list[tuple[WorkerKey, WorkerStatus]] = []
+        self.runs: list[list[int]] = []
+        """The seqs of each store call (`apply`: one; `apply_many`: its run)."""
+        self.delay = 0.0
+        """Seconds each batch's apply takes (a slow store)."""
         self.down = False
         self.refused = 0
         """Calls refused while down."""
@@ -51,15 +56,24 @@ class RecordingStore:
     async def apply(
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
     ) -> ApplyOutcome:
-        self._check()
-        outcome = await self.inner.apply(worker, batch, expect)
-        self.applied.append((worker, batch.seq, outcome))
-        return outcome
+        self.runs.append([batch.seq])
+        return await self._apply(worker, batch, expect)
 
     async def apply_many(
         self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
     ) -> list[ApplyOutcome]:
-        return [await self.apply(worker, batch, expect) for batch in batches]
+        self.runs.append([batch.seq for batch in batches])
+        return [await self._apply(worker, batch, expect) for batch in batches]
+
+    async def _apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
+        self._check()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        outcome = await self.inner.apply(worker, batch, expect)
+        self.applied.append((worker, batch.seq, outcome))
+        return outcome
 
     async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
         self._check()

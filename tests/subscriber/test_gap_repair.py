@@ -239,13 +239,7 @@ async def test_the_rank_a_batch_names_replaces_the_assumed_one(rig: RigFactory) 
 
 async def test_a_full_queue_drops_the_newest_and_replay_repairs_it(rig: RigFactory) -> None:
     store = RecordingStore()
-    slow = store.apply
-
-    async def slow_apply(worker: WorkerKey, batch: object, expect: object) -> ApplyOutcome:
-        await asyncio.sleep(0.003)
-        return await slow(worker, batch, expect)  # type: ignore[arg-type]
-
-    store.apply = slow_apply  # type: ignore[method-assign]
+    store.delay = 0.003
     r = await rig(store=store, options=replace(FAST, queue_size=4))
     for i in range(60):
         await r.publisher.send(payload([stored([i])]))

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from kvsi.store.model import WorkerKey, WorkerState
 from kvsi.subscriber import metrics, wire
+from kvsi.subscriber.applier import RUN_MAX
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.receiver import DRAIN_MAX
 from tests.subscriber.conftest import RigFactory
@@ -146,3 +147,29 @@ async def test_a_connected_worker_is_live_only_once_what_its_publisher_buffers_i
             await asyncio.sleep(0.02)
     assert seen[-1] == (WorkerState.LIVE, 4)
     assert (WorkerState.CONNECTING, None) in seen
+
+
+async def test_a_replayed_backlog_is_stored_in_runs_in_seq_order(rig: RigFactory) -> None:
+    """What a publisher buffered before the stream started arrives by replay and goes to
+    the store in runs of RUN_MAX, as a live backlog does; a batch that does not simply
+    follow (a gap the replay itself shows) is decided alone, between runs."""
+    r = await rig(start=False)
+    buffered = 2 * RUN_MAX + 5
+    for n in range(buffered):
+        await r.publisher.send(payload([stored([100 + n])]), deliver=False)
+    r.publisher.seq += 3  # three seqs the publisher no longer holds
+    for n in range(4):
+        await r.publisher.send(payload([stored([200 + n])]), deliver=False)
+    last = buffered + 3 + 3
+    async with running(r.stream):
+        await r.applied_through(last)
+    assert r.store.runs == [
+        list(range(0, RUN_MAX)),
+        list(range(RUN_MAX, 2 * RUN_MAX)),
+        list(range(2 * RUN_MAX, buffered)),
+        [buffered + 3],
+        list(range(buffered + 4, last + 1)),
+    ]
+    counters = r.stream.read_counters()
+    assert (counters.batches_replayed, counters.gaps) == (buffered + 4, 1)
+    assert await session_blocks(r.store, "s1") == buffered + 4
