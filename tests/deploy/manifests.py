@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -30,8 +31,14 @@ VLLM_LABELS = {"app.kubernetes.io/name": "vllm"}
 @cache
 def rendered(overlay: str) -> tuple[Obj, ...]:
     """Every object of `deploy/overlays/<overlay>`, as `kubectl kustomize` renders them."""
+    return kustomized(DEPLOY / "overlays" / overlay)
+
+
+@cache
+def kustomized(directory: Path) -> tuple[Obj, ...]:
+    """Every object of the kustomization in `directory`, as `kubectl kustomize` renders them."""
     result = subprocess.run(
-        [tool("kubectl"), "kustomize", str(DEPLOY / "overlays" / overlay)],
+        [tool("kubectl"), "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -45,13 +52,18 @@ def one(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
     return found
 
 
+def pod_containers(pod_spec: Obj) -> list[Obj]:
+    """A pod's init containers (native sidecars among them), then its containers."""
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
 def containers(objs: tuple[Obj, ...]) -> list[tuple[Obj, Obj]]:
-    """(workload, container) for every container of every workload."""
+    """(workload, container) for every container of every workload, init containers too."""
     return [
         (w, c)
         for w in objs
         if w["kind"] in WORKLOADS
-        for c in w["spec"]["template"]["spec"]["containers"]
+        for c in pod_containers(w["spec"]["template"]["spec"])
     ]
 
 
