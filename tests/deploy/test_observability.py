@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.paths import DEPLOY
@@ -27,6 +28,18 @@ from tests.waiting import until_sync
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = DEPLOY / "grafana" / "kv-session-index.json"
+RULES = DEPLOY / "components" / "monitoring" / "prometheusrule.yaml"
+ALERTED = {
+    "kvsi_worker_degraded",
+    "kvsi_publisher_connected",
+    "kvsi_worker_lag_seconds",
+    "kvsi_batches_lost_total",
+    "kvsi_index_lost_total",
+    "kvsi_fleet_decode_drops_total",
+    "kvsi_store_available",
+}
+"""What the alerts must watch: a degraded or disconnected worker, lag, lost batches, index
+lost, decode drops, the store unavailable (issue #14's list)."""
 SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_count", "_sum", "_created"),
@@ -115,6 +128,11 @@ def dashboard_queries() -> list[str]:
     return queries
 
 
+def alert_queries() -> list[str]:
+    rule = yaml.safe_load(RULES.read_text())
+    return [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
 def logs(output: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
@@ -154,6 +172,9 @@ def test_dashboard_metrics_api_and_index_metrics_and_json_logs_from_a_running_se
     assert missing == set(), f"the dashboard queries metrics the code does not export: {missing}"
     charted = {n for q in dashboard_queries() for n in re.findall(r"\bkvsi_[a-z0-9_]+", q)}
     assert charted >= REQUIRED, REQUIRED - charted
+    alerted = {n for q in alert_queries() for n in re.findall(r"\bkvsi_[a-z0-9_]+", q)}
+    assert alerted - exported_names(text) == set(), "the alerts watch metrics nobody exports"
+    assert alerted >= ALERTED, ALERTED - alerted
 
     requests = {
         (labels["route"], labels["status"]): value
