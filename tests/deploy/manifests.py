@@ -6,6 +6,7 @@ vLLM's publisher and kvsi with the rendered values. Reads YAML only; imports not
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -19,7 +20,14 @@ from tests.deploy.paths import DEPLOY, tool
 
 Obj = dict[str, Any]
 
-OVERLAYS = ("sidecar", "central", "external-redis")
+OVERLAYS = ("sidecar", "central", "external-redis", "dev")
+SHIPPED = ("sidecar", "central", "external-redis")
+"""The overlays for a cluster (dev: a trial, with an open API)."""
+SAMPLE_TOKENS = "sample-token\n"
+"""The `api-tokens` of the Secret `kvsi` an operator creates (deploy/README.md, "Secrets")."""
+DEV_REDIS = "redis://kvsi-redis:6379/0?prefix=kvsi"
+EXTERNAL_REDIS = "redis+cluster://redis-cluster.redis.svc.cluster.local:6379?prefix=kvsi"
+"""Its `store`: the development Redis where the overlay brings it, else a Redis Cluster."""
 POD_NAME = "vllm-7d9c4f-x2x8q"
 """metadata.name of a sample pod, as the downward API gives it."""
 NAMESPACE = "llm"
@@ -86,6 +94,21 @@ def config_map(objs: tuple[Obj, ...]) -> dict[str, str]:
     return data
 
 
+def secret(objs: tuple[Obj, ...], name: str) -> dict[str, str]:
+    """The Secret `name` (its generated name, from the name kvsi's manifests use): the one the
+    overlay makes, else the sample an operator creates."""
+    made = [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == name]
+    if not made:
+        assert name == "kvsi", f"Secret {name} is neither made nor documented"
+        dev = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "kvsi-redis"]
+        return {"store": DEV_REDIS if dev else EXTERNAL_REDIS, "api-tokens": SAMPLE_TOKENS}
+    (found,) = made
+    data: dict[str, str] = found.get("stringData") or {
+        k: base64.b64decode(v).decode() for k, v in found.get("data", {}).items()
+    }
+    return data
+
+
 def environment(objs: tuple[Obj, ...], container: Obj) -> dict[str, str]:
     """The container's variables as the kubelet sets them (downward API: a sample pod)."""
     env: dict[str, str] = {}
@@ -95,9 +118,25 @@ def environment(objs: tuple[Obj, ...], container: Obj) -> dict[str, str]:
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = var["value"]
+        elif "secretKeyRef" in var["valueFrom"]:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = secret(objs, ref["name"])[ref["key"]]
         else:
             env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
+
+
+def secret_files(objs: tuple[Obj, ...], workload: Obj, container: Obj) -> dict[str, str]:
+    """Path -> content of each file the container sees from a mounted Secret."""
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("secret")
+        if source is not None:
+            data = secret(objs, source["secretName"])
+            for item in source.get("items") or [{"key": k, "path": k} for k in data]:
+                files[f"{mount['mountPath']}/{item['path']}"] = data[item["key"]]
+    return files
 
 
 def expanded(args: list[str], env: dict[str, str]) -> list[str]:
@@ -130,3 +169,17 @@ def port_of(endpoint: str) -> int:
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+def materialized(
+    objs: tuple[Obj, ...], workload: Obj, container: Obj, root: Path
+) -> dict[str, str]:
+    """The container's variables, with each file it gets from a Secret written under `root`
+    and the variables naming such a file pointed at the copy."""
+    env = environment(objs, container)
+    for path, content in secret_files(objs, workload, container).items():
+        copy = root / path.lstrip("/")
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(content)
+        env = {k: str(copy) if v == path else v for k, v in env.items()}
+    return env

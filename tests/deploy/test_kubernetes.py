@@ -20,11 +20,11 @@ from tests.deploy.manifests import (
     Obj,
     config_map,
     containers,
-    environment,
     events_config,
     expanded,
     is_kvsi,
     kustomized,
+    materialized,
     one,
     pod_containers,
     port_of,
@@ -38,13 +38,14 @@ VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 
 
 def kvsi_settings(
-    overlay: str, workload: str, monkeypatch: pytest.MonkeyPatch
+    overlay: str, workload: str, monkeypatch: pytest.MonkeyPatch, files: Path
 ) -> tuple[Settings, Obj]:
+    """What the kvsi container of `workload` would run with; Secret files go under `files`."""
     objs = rendered(overlay)
-    (container,) = [
-        c for w, c in containers(objs) if w["metadata"]["name"] == workload and is_kvsi(c)
+    ((owner, container),) = [
+        (w, c) for w, c in containers(objs) if w["metadata"]["name"] == workload and is_kvsi(c)
     ]
-    env = environment(objs, container)
+    env = materialized(objs, owner, container, files)
     kvsi_env = {k: v for k, v in env.items() if k.startswith("KVSI_")}
     parsed = run_kvsi(expanded(container["args"], env), kvsi_env, monkeypatch)
     assert parsed.settings is not None
@@ -164,21 +165,21 @@ def test_only_the_overlay_that_asks_for_monitoring_has_crd_objects() -> None:
 
 
 def test_the_api_replicas_read_the_shared_index_and_ingest_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    settings, _ = kvsi_settings("sidecar", "kvsi-api", monkeypatch)
+    settings, _ = kvsi_settings("sidecar", "kvsi-api", monkeypatch, tmp_path)
     assert settings.api and not settings.ingest and settings.port == 8000
     assert settings.host == "0.0.0.0" and settings.log_format == "json"
     assert settings.store == "redis://kvsi-redis:6379/0?prefix=kvsi"
 
 
 def test_the_sidecar_dials_its_own_pods_engine_over_loopback(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The strings fit: vLLM binds (tcp://*), the sidecar dials the same ports on the pod's
     loopback. tests/interop/test_rendered_manifests.py runs both to prove events flow."""
     objs = rendered("sidecar")
-    settings, container = kvsi_settings("sidecar", "vllm", monkeypatch)
+    settings, container = kvsi_settings("sidecar", "vllm", monkeypatch, tmp_path)
     assert not settings.api and settings.ingest and settings.metrics_port == 9090
     events = events_config(objs)
     assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
@@ -290,10 +291,10 @@ def test_a_cluster_with_its_own_policies_gets_only_kvsis_port_added() -> None:
 
 
 def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     objs = rendered("central")
-    settings, _ = kvsi_settings("central", "kvsi-central", monkeypatch)
+    settings, _ = kvsi_settings("central", "kvsi-central", monkeypatch, tmp_path)
     discovery = settings.discovery
     assert discovery is not None and not settings.api and settings.metrics_port == 9090
     vllm = one(objs, "Deployment", "vllm")["spec"]["template"]
@@ -345,4 +346,4 @@ def test_only_kvsi_pods_reach_the_development_redis(overlay: str) -> None:
 def test_the_external_redis_overlay_drops_the_development_redis() -> None:
     objs = rendered("external-redis")
     assert not [o for o in objs if "redis" in o["metadata"]["name"] and o["kind"] != "ConfigMap"]
-    assert config_map(objs)["KVSI_STORE"].startswith("redis+cluster://")
+    assert "KVSI_STORE" not in config_map(objs), "the Secret names the Redis Cluster"
