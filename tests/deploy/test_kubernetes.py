@@ -52,9 +52,10 @@ def kvsi_settings(
     return parsed.settings, container
 
 
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
-"""The Prometheus Operator's kinds (components/monitoring): kubernetes-validate ships only the
-built-in kinds' schemas; test_monitoring.py checks them."""
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "DynamoGraphDeployment"}
+"""Custom resources: the Prometheus Operator's (components/monitoring), Dynamo's graph
+(components/dynamo-worker). kubernetes-validate ships only the built-in kinds' schemas: the
+tests that render them check their fields."""
 
 
 def valid(objs: tuple[Obj, ...]) -> None:
@@ -155,7 +156,7 @@ def test_the_service_monitor_scrapes_every_kvsi_process(name: str) -> None:
     }
     assert scraped == {"kvsi-api", "kvsi-sidecar-metrics"}
     release = {"external-redis": "kube-prometheus-stack", "strict-cluster": "prometheus"}[name]
-    for kind in CRD_KINDS:
+    for kind in ("ServiceMonitor", "PrometheusRule"):
         assert one(objs, kind, "kv-session-index")["metadata"]["labels"]["release"] == release
 
 

@@ -1,8 +1,9 @@
 """The ingest sidecar fits any vLLM workload: a native sidecar (an init container that
 restarts always) in the shipped overlays, the same container as a plain one for clusters
 older than 1.29, added to whatever Deployment or StatefulSet carries the label (a layer
-picks a workload by name by labelling it), and to the pods of llm-d's ModelService chart
-through its Helm post-renderer. Each is rendered by kubectl kustomize and schema-checked."""
+picks a workload by name by labelling it), to the pods of llm-d's ModelService chart through
+its Helm post-renderer, and to Dynamo's decode workers through their graph. Each is rendered
+by kubectl kustomize and schema-checked."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from tests.deploy.test_kubernetes import valid
 
 HERE = Path(__file__).parent
 BY_NAME = HERE / "kustomize" / "by-name"
+DYNAMO = HERE / "kustomize" / "dynamo"
 MODELSERVICE = HERE / "fixtures" / "llm-d-modelservice.yaml"
 SIDECAR_LABEL = {"kv-session-index/ingest": "sidecar"}
 
@@ -129,3 +131,32 @@ def test_only_the_plain_form_validates_on_a_cluster_without_native_sidecars() ->
         kubernetes_validate.validate(native, "1.27.0", strict=True)
     plain = one(kustomized(BY_NAME), "StatefulSet", "my-engine")
     kubernetes_validate.validate(plain, "1.27.0", strict=True)
+
+
+def test_dynamo_decode_workers_get_the_same_sidecar_dialing_dynamos_event_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objs = kustomized(DYNAMO)
+    valid(objs)
+    (graph,) = [o for o in objs if o["kind"] == "DynamoGraphDeployment"]
+    worker = graph["spec"]["services"]["VllmDecodeWorker"]
+    assert worker["extraPodSpec"]["mainContainer"]["command"] == ["python3", "-m", "dynamo.vllm"]
+    assert "initContainers" not in graph["spec"]["services"]["Frontend"].get("extraPodSpec", {})
+    sidecar = ingest_of(worker["extraPodSpec"], "initContainers")
+    native = ingest_of(pod_spec(rendered("sidecar"), "Deployment", "vllm"), "initContainers")
+    assert {k: v for k, v in sidecar.items() if k != "args"} == {
+        k: v for k, v in native.items() if k != "args"
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD_NAME}}
+    kubernetes_validate.validate(
+        pod | {"spec": {"initContainers": [sidecar], "containers": [{"name": "m", "image": "i"}]}},
+        "1.29.0",
+        strict=True,
+    )
+    labels = worker["extraPodMetadata"]["labels"]
+    assert selects(one(objs, "Service", "kvsi-sidecar-metrics")["spec"]["selector"], labels)
+    parsed = run_kvsi(expanded(sidecar["args"], environment(objs, sidecar)), {}, monkeypatch)
+    assert parsed.settings is not None
+    (publisher,) = parsed.settings.publishers
+    assert publisher.endpoint == "tcp://127.0.0.1:20080", "DYN_VLLM_KV_EVENT_PORT's default"
+    assert publisher.replay_endpoint is None, "Dynamo's worker binds no replay endpoint"
