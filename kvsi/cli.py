@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import structlog
 import typer
 
+from kvsi import tracing
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
 from kvsi.settings import load_settings, unknown_variables
@@ -173,6 +174,7 @@ def serve(
         )
         configure_logging(settings.log_level, settings.log_format)
         warn_unknown_variables()
+        tracing.configure()  # before the apps are built: they add a span middleware if on
         from kvsi.serve import run_service
 
         def announce(url: str) -> None:
@@ -185,7 +187,10 @@ def serve(
                 typer.echo(f"  API docs:  {url}/docs")
                 typer.echo(f"  metrics:   {url}/metrics")
 
-        run_until_signalled(run_service(settings, on_ready=announce))
+        try:
+            run_until_signalled(run_service(settings, on_ready=announce))
+        finally:
+            tracing.shutdown()  # export the spans still buffered
 
 
 def warn_unknown_variables() -> None:
