@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from pathlib import Path
 
 import structlog
@@ -35,6 +33,7 @@ from kvsi.api.routes import health, metrics, pods, route, sessions, watch
 from kvsi.api.routes.health import ReadinessCheck
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
+from kvsi.version import package_version
 
 log = structlog.get_logger(__name__)
 
@@ -73,13 +72,6 @@ left?" for cache-aware routers and for the people who operate them.
 """
 
 
-def _default_version() -> str:
-    try:
-        return package_version("kv-session-index")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "0.0.0+unknown"
-
-
 def create_app(
     store: IndexStore,
     *,
@@ -110,7 +102,7 @@ def create_app(
     """
     app = FastAPIOffline(
         title=title,
-        version=version or _default_version(),
+        version=version or package_version(),
         description=DESCRIPTION,
         root_path=root_path,
         docs_url="/docs",

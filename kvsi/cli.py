@@ -21,6 +21,7 @@ from kvsi import tracing
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
 from kvsi.settings import load_settings, unknown_variables
+from kvsi.version import package_version
 
 app = typer.Typer(
     help="Per-session index of vLLM KV-cache blocks.",
@@ -28,6 +29,27 @@ app = typer.Typer(
     # Help texts are plain: NAME[/RANK] is an option's syntax, not rich markup.
     rich_markup_mode=None,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"kvsi {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version (the image's tag) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Per-session index of vLLM KV-cache blocks."""
 
 
 def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:

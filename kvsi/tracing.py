@@ -1,7 +1,7 @@
 """Optional OpenTelemetry tracing: off unless the `otel` extra is installed and the standard
 OTEL_* variables ask for it.
 
-Imports nothing of kvsi, and opentelemetry only once tracing is turned on: a process
+Imports kvsi.version only of kvsi, and opentelemetry only once tracing is turned on: a process
 without the extra, or not asked to trace, pays one `is None` test per traced operation.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from typing import TYPE_CHECKING
 
 import structlog
+
+from kvsi.version import package_version
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -70,7 +70,7 @@ def configure(env: Mapping[str, str] = os.environ, exporter: SpanExporter | None
             return False
         provider.add_span_processor(BatchSpanProcessor(chosen))
     shutdown()
-    _provider, _tracer = provider, provider.get_tracer("kvsi", _version())
+    _provider, _tracer = provider, provider.get_tracer("kvsi", package_version())
     log.info("tracing.on", service=resource.attributes.get("service.name"))
     return True
 
@@ -100,10 +100,3 @@ def _exporter(name: str) -> SpanExporter | None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()
-
-
-def _version() -> str:
-    try:
-        return package_version(SERVICE_NAME)
-    except PackageNotFoundError:
-        return "0.0.0+unknown"
