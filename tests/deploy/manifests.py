@@ -88,7 +88,9 @@ def is_kvsi(container: Obj) -> bool:
 
 def config_map(objs: tuple[Obj, ...]) -> dict[str, str]:
     (found,) = [
-        o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("kvsi")
+        o
+        for o in objs
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("kvsi-config")
     ]
     data: dict[str, str] = found["data"]
     return data
