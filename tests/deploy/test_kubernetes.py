@@ -348,3 +348,13 @@ def test_the_external_redis_overlay_drops_the_development_redis() -> None:
     objs = rendered("external-redis")
     assert not [o for o in objs if "redis" in o["metadata"]["name"] and o["kind"] != "ConfigMap"]
     assert "KVSI_STORE" not in config_map(objs), "the Secret names the Redis Cluster"
+
+
+def test_the_dynamo_api_port_is_reachable_when_it_is_on() -> None:
+    """Dynamo's indexer API on 8090 (KVSI_DYNAMO__PORT): the Service names it and the API's
+    policy admits it from the namespace, like the REST port."""
+    objs = rendered("sidecar")
+    service = one(objs, "Service", "kvsi-api")
+    assert {(p["name"], p["port"]) for p in service["spec"]["ports"]} >= {("dynamo", 8090)}
+    policy = one(objs, "NetworkPolicy", "kvsi-api")
+    assert sources([policy], 8090) == sources([policy], 8000) == [NAMESPACE_AND_MONITORING]
