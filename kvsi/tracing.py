@@ -45,10 +45,10 @@ def requested(env: Mapping[str, str]) -> bool:
 def configure(env: Mapping[str, str] = os.environ, exporter: SpanExporter | None = None) -> bool:
     """Turn tracing on if `env` asks for it (or an `exporter` is given: tests); True if on.
 
-    Spans go to OTLP over HTTP (the exporter reads OTEL_EXPORTER_OTLP_* itself) or, with
-    OTEL_TRACES_EXPORTER=console, to stdout; the sampler, resource attributes and batch
-    sizes follow their OTEL_* variables. Asked for without the `otel` extra: a warning, no
-    tracing (the service still starts)."""
+    Spans go where OTEL_TRACES_EXPORTER lists (default `otlp`; `otlp`, `console`,
+    comma-separated): OTLP over HTTP (the exporter reads OTEL_EXPORTER_OTLP_* itself),
+    stdout. The sampler, resource attributes and batch sizes follow their OTEL_* variables.
+    Asked for without the `otel` extra: a warning, no tracing (the service still starts)."""
     global _provider, _tracer
     if exporter is None and not requested(env):
         return False
@@ -65,10 +65,13 @@ def configure(env: Mapping[str, str] = os.environ, exporter: SpanExporter | None
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
-        chosen = _exporter(env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower())
-        if chosen is None:
+        names = env.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",")
+        chosen = [_exporter(name.strip()) for name in names if name.strip()]
+        usable = [each for each in chosen if each is not None]
+        if len(usable) < len(chosen):
             return False
-        provider.add_span_processor(BatchSpanProcessor(chosen))
+        for each in usable:
+            provider.add_span_processor(BatchSpanProcessor(each))
     shutdown()
     _provider, _tracer = provider, provider.get_tracer("kvsi", package_version())
     log.info("tracing.on", service=resource.attributes.get("service.name"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsi.tracing import requested
+from kvsi.tracing import configure, requested, shutdown, tracer
 from tests.deploy.test_observability import get, kvsi, wait_until
 from tests.ports import free_port
 
@@ -30,6 +30,17 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 )
 def test_only_the_otel_variables_turn_tracing_on(env: dict[str, str], on: bool) -> None:
     assert requested(env) is on
+
+
+def test_an_unknown_exporter_keeps_tracing_off_and_a_list_turns_each_on() -> None:
+    assert configure({"OTEL_TRACES_EXPORTER": "zipkin"}) is False
+    assert tracer() is None
+    try:
+        assert configure({"OTEL_TRACES_EXPORTER": "console, otlp"}) is True
+        assert tracer() is not None
+    finally:
+        shutdown()
+    assert tracer() is None
 
 
 @pytest.mark.e2e
