@@ -6,13 +6,24 @@ PYTHON ?= python3
 
 .PHONY: demo test lint bench clean deploy-check
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	# The image's runtime wheels, so the wheel-in-a-fresh-virtualenv test installs offline.
-	$(BIN)/pip wheel --quiet --wheel-dir $(VENV)/wheelhouse ".[redis,xxhash,k8s]"
+	$(BIN)/pip wheel --quiet -c constraints.txt --wheel-dir $(VENV)/wheelhouse ".[redis,xxhash,k8s,otel]"
 	touch $@
+
+# Pin every dependency anew (after changing pyproject.toml's): resolve in a throwaway
+# virtualenv, write constraints.txt (its header kept).
+.PHONY: constraints
+constraints:
+	rm -rf $(VENV)/lock && $(PYTHON) -m venv $(VENV)/lock
+	$(VENV)/lock/bin/pip install --quiet --upgrade pip
+	$(VENV)/lock/bin/pip install --quiet ".[dev,redis,xxhash,k8s,otel]"
+	{ grep '^#' constraints.txt; $(VENV)/lock/bin/pip freeze --exclude kv-session-index; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf $(VENV)/lock
 
 demo: $(BIN)/.installed
 	$(BIN)/kvsi serve --demo

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from pathlib import Path
 
 import structlog
@@ -27,6 +25,7 @@ from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.direct import DirectRoutes
 from kvsi.api.errors import install_error_handlers
 from kvsi.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
+from kvsi.api.observe import RequestIds, observe, route_of
 from kvsi.api.reader import guarded_reader
 from kvsi.api.routers.llm_d import routes as llm_d_routes
 from kvsi.api.routers.llm_d.hints import HintOptions
@@ -34,6 +33,7 @@ from kvsi.api.routes import health, metrics, pods, route, sessions, watch
 from kvsi.api.routes.health import ReadinessCheck
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
+from kvsi.version import package_version
 
 log = structlog.get_logger(__name__)
 
@@ -72,13 +72,6 @@ left?" for cache-aware routers and for the people who operate them.
 """
 
 
-def _default_version() -> str:
-    try:
-        return package_version("kv-session-index")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "0.0.0+unknown"
-
-
 def create_app(
     store: IndexStore,
     *,
@@ -109,7 +102,7 @@ def create_app(
     """
     app = FastAPIOffline(
         title=title,
-        version=version or _default_version(),
+        version=version or package_version(),
         description=DESCRIPTION,
         root_path=root_path,
         docs_url="/docs",
@@ -130,6 +123,7 @@ def create_app(
         app.add_middleware(DirectRoutes)
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
     app.add_middleware(RequestMetrics)
+    observe(app)
     # Documented in OpenAPI only where enforced, so the schema tells clients the truth.
     protected = [Depends(require_token)] if tokens else []
     unauthorized = UNAUTHORIZED if tokens else {}
@@ -178,6 +172,7 @@ def create_probe_app(
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
     app.add_middleware(RequestMetrics)
+    app.add_middleware(RequestIds)
     app.include_router(health.router)
     app.include_router(metrics.router)
     return app
@@ -224,14 +219,14 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 timed = True
-                self._timer(method, _route(scope)).observe(time.perf_counter() - started)
+                self._timer(method, route_of(scope)).observe(time.perf_counter() - started)
             await send(message)
 
         try:
             await self.app(scope, receive, timed_send)
         finally:
             elapsed = time.perf_counter() - started
-            route_name = _route(scope)
+            route_name = route_of(scope)
             if not timed:
                 self._timer(method, route_name).observe(elapsed)
             self._count(method, route_name, status).inc()
@@ -256,13 +251,6 @@ def _cut(text: str) -> str:
     if len(text) <= LOGGED_TEXT:
         return text
     return f"{text[:LOGGED_TEXT]}... ({len(text)} characters)"
-
-
-def _route(scope: Scope) -> str:
-    """The matched route's template (`/v1/sessions/{session_id}`), or `unmatched`."""
-    matched = scope.get("route")
-    path = getattr(matched, "path", None)
-    return path if isinstance(path, str) else "unmatched"
 
 
 def _document_400_not_422(app: FastAPI) -> None:

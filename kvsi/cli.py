@@ -17,9 +17,11 @@ from typing import Annotated, Any
 import structlog
 import typer
 
+from kvsi import tracing
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
 from kvsi.settings import load_settings, unknown_variables
+from kvsi.version import package_version
 
 app = typer.Typer(
     help="Per-session index of vLLM KV-cache blocks.",
@@ -27,6 +29,27 @@ app = typer.Typer(
     # Help texts are plain: NAME[/RANK] is an option's syntax, not rich markup.
     rich_markup_mode=None,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"kvsi {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version (the image's tag) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Per-session index of vLLM KV-cache blocks."""
 
 
 def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:
@@ -173,6 +196,7 @@ def serve(
         )
         configure_logging(settings.log_level, settings.log_format)
         warn_unknown_variables()
+        tracing.configure()  # before the apps are built: they add a span middleware if on
         from kvsi.serve import run_service
 
         def announce(url: str) -> None:
@@ -185,7 +209,10 @@ def serve(
                 typer.echo(f"  API docs:  {url}/docs")
                 typer.echo(f"  metrics:   {url}/metrics")
 
-        run_until_signalled(run_service(settings, on_ready=announce))
+        try:
+            run_until_signalled(run_service(settings, on_ready=announce))
+        finally:
+            tracing.shutdown()  # export the spans still buffered
 
 
 def warn_unknown_variables() -> None:

@@ -228,6 +228,9 @@ class Settings(BaseSettings):
     api_tokens_file: FilePath | None = None
     """A file with one bearer token per line (a mounted Kubernetes Secret), added to
     `api_tokens`; re-read at start only. It must exist when the service starts."""
+    api_require_token: bool = False
+    """Refuse to start the API with no token configured (an empty or missing tokens file
+    then fails the start instead of serving an open API). The shipped manifests set it."""
     metrics_require_token: bool = False
     """Also require a bearer token on /metrics (the probes always stay open)."""
     max_body_bytes: int = Field(default=12 * 1024 * 1024, ge=1024)
@@ -392,6 +395,11 @@ def bearer_tokens(settings: Settings) -> list[str]:
             token = line.strip()
             if token and not token.startswith("#"):
                 tokens.append(token)
+    if settings.api and settings.api_require_token and not tokens:
+        raise StartupError(
+            "api_require_token is set but no token is configured: put one per line in "
+            "api_tokens_file (or set api_tokens)"
+        )
     return tokens
 
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from structlog.typing import FilteringBoundLogger
 
+from kvsi import tracing
 from kvsi.store.model import (
     ApplyOutcome,
     Batch,
@@ -221,7 +222,23 @@ class Applier:
 
     async def _store(self, run: list[Batch], mode: Mode) -> bool:
         """The one way batches reach the store (the fence already stands after them);
-        False: the store lost the worker's index and refused them."""
+        False: the store lost the worker's index and refused them. One span per call while
+        tracing is on (kvsi.tracing)."""
+        traced = tracing.tracer()
+        if traced is None:
+            return await self._apply(run, mode)
+        attributes: dict[str, str | int] = {
+            "kvsi.worker": str(self.worker),
+            "kvsi.seq": run[0].seq,
+            "kvsi.batches": len(run),
+            "kvsi.mode": mode.value,
+        }
+        with traced.start_as_current_span("kvsi.apply", attributes=attributes) as span:
+            applied = await self._apply(run, mode)
+            span.set_attribute("kvsi.applied", applied)
+            return applied
+
+    async def _apply(self, run: list[Batch], mode: Mode) -> bool:
         started = time.perf_counter()
         gate = self._gate
         try:

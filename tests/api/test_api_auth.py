@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvsi.api import create_app
+from kvsi.errors import StartupError
 from kvsi.settings import bearer_tokens, load_settings
 from kvsi.store.memory import MemoryStore
 from tests.api.harness import client_for
@@ -56,3 +57,15 @@ def test_tokens_come_from_the_setting_and_the_file(tmp_path: Path) -> None:
     secret.write_text("# rotated 2026-11\nfrom-file\n\n  spaced  \n")
     settings = load_settings(None, api_tokens=["inline"], api_tokens_file=secret)
     assert bearer_tokens(settings) == ["inline", "from-file", "spaced"]
+
+
+def test_a_required_token_refuses_an_empty_tokens_file(tmp_path: Path) -> None:
+    secret = tmp_path / "tokens"
+    secret.write_text("# no token yet\n\n")
+    with pytest.raises(StartupError, match="api_require_token"):
+        load_settings(None, api_tokens_file=secret, api_require_token=True)
+    secret.write_text("t0k3n\n")
+    settings = load_settings(None, api_tokens_file=secret, api_require_token=True)
+    assert bearer_tokens(settings) == ["t0k3n"]
+    ingest_only = load_settings(None, api=False, api_require_token=True)
+    assert bearer_tokens(ingest_only) == [], "an ingest-only process serves no API"

@@ -116,6 +116,8 @@ async def clients(
     direct = create_app(store, tokens=tokens, max_body_bytes=256)
     plain = create_app(store, tokens=tokens, max_body_bytes=256, direct_routes=False)
     async with client_for(direct) as d, client_for(plain) as p:
+        for client in (d, p):  # one id for both: each answer echoes it
+            client.headers["x-request-id"] = "compared"
         yield d, p
 
 

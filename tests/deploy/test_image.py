@@ -50,7 +50,8 @@ def test_hadolint_with_the_project_config_rejects_a_careless_dockerfile(tmp_path
 def test_the_image_builds_in_two_stages_and_runs_kvsi_as_a_non_root_user() -> None:
     text = (ROOT / "Dockerfile").read_text()
     base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
-    assert base is not None and re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?", base.group(1))
+    assert base is not None
+    assert re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base.group(1))
     build, runtime = stages()
     assert build.base.endswith(" AS build") and not runtime.base.endswith("AS build")
     assert all("pip" not in args for args in runtime.all("RUN")), "no installs at runtime"
@@ -80,13 +81,20 @@ def test_the_image_commands_work_from_the_wheel_in_a_fresh_virtualenv(tmp_path: 
     assert WHEELHOUSE.is_dir(), f"{WHEELHOUSE} missing: `make` builds it (see Makefile)"
     offline = ["--no-index", "--find-links", str(WHEELHOUSE)]
     run([str(venv / "bin/pip"), "install", "--quiet", *offline, f"{wheel}[{extras.group(1)}]"], 600)
+    left_out = re.search(r"uninstall -y ([\w\- ]+)", build.last("RUN"))
+    assert left_out is not None, "the image leaves rich and pygments out"
+    run([str(venv / "bin/pip"), "uninstall", "--quiet", "-y", *left_out.group(1).split()], 120)
     installed = run([str(venv / "bin/pip"), "list", "--format=json"], 60)
     names = {d["name"].lower() for d in json.loads(installed)}
     assert "kv-session-index" in names and "lightkube" in names and "redis" in names
+    assert "opentelemetry-sdk" in names and "rich" not in names
     assert not names & set(DEV_ONLY), "runtime dependencies only"
+    files = run([str(venv / "bin/pip"), "show", "--files", "kv-session-index"], 60)
+    assert "kvsi/py.typed" in files and "LICENSE" in files
 
     kvsi = str(venv / "bin/kvsi")
-    assert "serve" in run([kvsi, "--help"], 60)
+    assert "serve" in run([kvsi, "--help"], 60), "typer without rich"
+    assert run([kvsi, "--version"], 60).strip().endswith(wheel.name.split("-")[1])
     serve_help = run([kvsi, "serve", "--help"], 60)
     for flag in ("--pod", "--replay", "--discover", "--metrics-port", "--no-api"):
         assert flag in serve_help

@@ -5,6 +5,8 @@ engines' endpoints, Redis and the ZMQ ports admit only kvsi."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
@@ -14,51 +16,66 @@ from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
     POD_NAME,
-    VLLM_LABELS,
     WORKLOADS,
     Obj,
     config_map,
     containers,
-    environment,
     events_config,
     expanded,
     is_kvsi,
+    kustomized,
+    materialized,
     one,
+    pod_containers,
     port_of,
     rendered,
     selects,
 )
+from tests.deploy.paths import DEPLOY
 
 VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 """The oldest Kubernetes the manifests promise (NetworkPolicy endPort, policy/v1), the newest."""
 
 
 def kvsi_settings(
-    overlay: str, workload: str, monkeypatch: pytest.MonkeyPatch
+    overlay: str, workload: str, monkeypatch: pytest.MonkeyPatch, files: Path
 ) -> tuple[Settings, Obj]:
+    """What the kvsi container of `workload` would run with; Secret files go under `files`."""
     objs = rendered(overlay)
-    (container,) = [
-        c for w, c in containers(objs) if w["metadata"]["name"] == workload and is_kvsi(c)
+    ((owner, container),) = [
+        (w, c) for w, c in containers(objs) if w["metadata"]["name"] == workload and is_kvsi(c)
     ]
-    env = environment(objs, container)
+    env = materialized(objs, owner, container, files)
     kvsi_env = {k: v for k, v in env.items() if k.startswith("KVSI_")}
     parsed = run_kvsi(expanded(container["args"], env), kvsi_env, monkeypatch)
     assert parsed.settings is not None
     return parsed.settings, container
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_rendered_object_is_valid_against_the_kubernetes_schemas(overlay: str) -> None:
-    objs, checked = rendered(overlay), 0
-    for obj in objs:
-        if obj["kind"] == "ServiceMonitor":
-            # A Prometheus Operator CRD: kubernetes-validate ships only the built-in kinds'
-            # schemas. test_the_service_monitor_scrapes_every_kvsi_process checks it.
-            continue
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "DynamoGraphDeployment"}
+"""Custom resources: the Prometheus Operator's (components/monitoring), Dynamo's graph
+(components/dynamo-worker). kubernetes-validate ships only the built-in kinds' schemas: the
+tests that render them check their fields."""
+
+
+def valid(objs: tuple[Obj, ...]) -> None:
+    """Every built-in object of `objs` is valid for each of VERSIONS (strict: no unknown field)."""
+    builtin = [o for o in objs if o["kind"] not in CRD_KINDS]
+    assert builtin
+    for obj in builtin:
         for version in VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
-        checked += 1
-    assert checked == len(objs) - 1, "every object but the ServiceMonitor"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_is_valid_against_the_kubernetes_schemas(overlay: str) -> None:
+    valid(rendered(overlay))
+
+
+def test_the_base_applies_without_the_prometheus_operators_crds() -> None:
+    for obj in kustomized(DEPLOY / "base"):
+        for version in VERSIONS:  # a kind without a built-in schema fails here
+            kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_a_broken_manifest_is_rejected_by_the_schema_check() -> None:
@@ -103,7 +120,7 @@ def test_services_and_the_pdb_select_pods_and_name_their_ports(overlay: str) -> 
         ports = {
             p["name"]
             for w in matched
-            for c in w["spec"]["template"]["spec"]["containers"]
+            for c in pod_containers(w["spec"]["template"]["spec"])
             for p in c.get("ports", [])
         }
         for port in service["spec"]["ports"]:
@@ -116,9 +133,16 @@ def test_services_and_the_pdb_select_pods_and_name_their_ports(overlay: str) -> 
     assert api["spec"]["replicas"] >= 2 and pdb["spec"]["maxUnavailable"] < api["spec"]["replicas"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_service_monitor_scrapes_every_kvsi_process(overlay: str) -> None:
-    objs = rendered(overlay)
+MONITORED = {
+    "external-redis": DEPLOY / "overlays" / "external-redis",
+    "strict-cluster": Path(__file__).parent / "kustomize" / "strict-cluster",
+}
+"""Renderings with components/monitoring: a shipped overlay, and one that sets `release`."""
+
+
+@pytest.mark.parametrize("name", MONITORED)
+def test_the_service_monitor_scrapes_every_kvsi_process(name: str) -> None:
+    objs = kustomized(MONITORED[name])
     monitor = one(objs, "ServiceMonitor", "kv-session-index")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     endpoints = {e["port"]: e["path"] for e in monitor["spec"]["endpoints"]}
@@ -130,27 +154,33 @@ def test_the_service_monitor_scrapes_every_kvsi_process(overlay: str) -> None:
         and selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
         and {p["name"] for p in s["spec"]["ports"]} & set(endpoints)
     }
-    ingest = {"sidecar": "vllm-kvsi-metrics", "central": "kvsi-central-metrics"}
-    mode = "central" if overlay == "central" else "sidecar"
-    assert scraped == {"kvsi-api", ingest[mode]}
+    assert scraped == {"kvsi-api", "kvsi-sidecar-metrics"}
+    release = {"external-redis": "kube-prometheus-stack", "strict-cluster": "prometheus"}[name]
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert one(objs, kind, "kv-session-index")["metadata"]["labels"]["release"] == release
+
+
+def test_only_the_overlay_that_asks_for_monitoring_has_crd_objects() -> None:
+    for overlay in ("sidecar", "central"):
+        assert not [o for o in rendered(overlay) if o["kind"] in CRD_KINDS], overlay
 
 
 def test_the_api_replicas_read_the_shared_index_and_ingest_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    settings, _ = kvsi_settings("sidecar", "kvsi-api", monkeypatch)
+    settings, _ = kvsi_settings("sidecar", "kvsi-api", monkeypatch, tmp_path)
     assert settings.api and not settings.ingest and settings.port == 8000
     assert settings.host == "0.0.0.0" and settings.log_format == "json"
     assert settings.store == "redis://kvsi-redis:6379/0?prefix=kvsi"
 
 
 def test_the_sidecar_dials_its_own_pods_engine_over_loopback(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The strings fit: vLLM binds (tcp://*), the sidecar dials the same ports on the pod's
     loopback. tests/interop/test_rendered_manifests.py runs both to prove events flow."""
     objs = rendered("sidecar")
-    settings, container = kvsi_settings("sidecar", "vllm", monkeypatch)
+    settings, container = kvsi_settings("sidecar", "vllm", monkeypatch, tmp_path)
     assert not settings.api and settings.ingest and settings.metrics_port == 9090
     events = events_config(objs)
     assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
@@ -179,15 +209,60 @@ def zmq_ports(objs: tuple[Obj, ...]) -> set[int]:
     return {base + rank for base in bases for rank in range(MAX_DP_RANKS)}
 
 
-def opened(rule: Obj, port: int) -> bool:
-    """Whether a NetworkPolicy ingress rule admits TCP `port` (a rule without ports: all)."""
+ANYWHERE = "anywhere"
+"""A rule without `from`: every source, in every namespace and outside the cluster."""
+NAMESPACE_AND_MONITORING = [
+    {"podSelector": {}},
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+]
+
+
+def engine_policies(objs: tuple[Obj, ...]) -> list[Obj]:
+    """The NetworkPolicies selecting the vLLM pods (by the rendered pod template's labels)."""
+    labels = one(objs, "Deployment", "vllm")["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        o
+        for o in objs
+        if o["kind"] == "NetworkPolicy" and selects(o["spec"]["podSelector"]["matchLabels"], labels)
+    ]
+    assert all("Ingress" in p["spec"]["policyTypes"] for p in policies)
+    return policies
+
+
+def sources(policies: list[Obj], port: int, protocol: str = "TCP") -> list[object]:
+    """Who the policies admit to `port`: each admitting rule's `from`, or ANYWHERE."""
+    return [
+        rule.get("from", ANYWHERE)
+        for policy in policies
+        for rule in policy["spec"]["ingress"]
+        if opened(rule, port, protocol)
+    ]
+
+
+def opened(rule: Obj, port: int, protocol: str = "TCP") -> bool:
+    """Whether a NetworkPolicy ingress rule admits `port` (a rule without ports: all)."""
     if "ports" not in rule:
         return True
     return any(
-        p.get("protocol", "TCP") == "TCP"
+        p.get("protocol", "TCP") == protocol
         and ("port" not in p or p["port"] <= port <= p.get("endPort", p["port"]))
         for p in rule["ports"]
     )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_engines_keep_every_port_they_had_but_the_zmq_ones(overlay: str) -> None:
+    """A policy that selects a pod isolates it: kvsi's must give back every port the engine
+    served, from anywhere (vLLM's own, its metrics, a gateway's), to take nothing away."""
+    objs = rendered(overlay)
+    policies = engine_policies(objs)
+    assert policies, "the ZMQ ports are guarded"
+    kvsi_ports = zmq_ports(objs) | {9090}
+    for port in range(1, 65536):
+        if port not in kvsi_ports:
+            assert ANYWHERE in sources(policies, port), port
+    for protocol in ("UDP", "SCTP"):
+        assert ANYWHERE in sources(policies, 53, protocol), protocol
 
 
 @pytest.mark.parametrize("overlay", ["sidecar", "external-redis"])
@@ -195,27 +270,32 @@ def test_no_other_pod_reaches_the_engines_wildcard_zmq_ports_in_sidecar_mode(
     overlay: str,
 ) -> None:
     objs = rendered(overlay)
-    policies = [
-        o
-        for o in objs
-        if o["kind"] == "NetworkPolicy"
-        and selects(o["spec"]["podSelector"]["matchLabels"], VLLM_LABELS)
-    ]
-    assert [p["metadata"]["name"] for p in policies] == ["vllm"], "one policy selects vLLM pods"
-    (policy,) = policies
-    assert "Ingress" in policy["spec"]["policyTypes"], "without it, the policy admits everything"
+    policies = engine_policies(objs)
     ports = zmq_ports(objs)
     assert {5557, 5657} <= ports
-    for rule in policy["spec"]["ingress"]:
-        assert not [port for port in sorted(ports) if opened(rule, port)], rule
-    assert any(opened(rule, 8000) for rule in policy["spec"]["ingress"]), "inference stays open"
+    for port in sorted(ports):
+        assert sources(policies, port) == [], port
+    assert sources(policies, 9090) == [NAMESPACE_AND_MONITORING], "the sidecar's metrics"
+
+
+def test_a_cluster_with_its_own_policies_gets_only_kvsis_port_added() -> None:
+    """With the catch-all rule dropped (deploy/README.md), the sidecar's policy only adds its
+    metrics port, from the Prometheus namespace the cluster names."""
+    objs = kustomized(Path(__file__).parent / "kustomize" / "strict-cluster")
+    (policy,) = engine_policies(objs)
+    ((rule),) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
+    (_, monitoring) = rule["from"]
+    assert monitoring["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "observability"
+    }
 
 
 def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     objs = rendered("central")
-    settings, _ = kvsi_settings("central", "kvsi-central", monkeypatch)
+    settings, _ = kvsi_settings("central", "kvsi-central", monkeypatch, tmp_path)
     discovery = settings.discovery
     assert discovery is not None and not settings.api and settings.metrics_port == 9090
     vllm = one(objs, "Deployment", "vllm")["spec"]["template"]
@@ -242,13 +322,13 @@ def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     ]
 
-    policy = one(objs, "NetworkPolicy", "vllm")
-    zmq_rule = [r for r in policy["spec"]["ingress"] if any(p["port"] == 5557 for p in r["ports"])]
-    (rule,) = zmq_rule
-    (source,) = rule["from"]
-    assert selects(source["podSelector"]["matchLabels"], central["metadata"]["labels"])
+    policies = engine_policies(objs)
+    for port in sorted(zmq_ports(objs)):
+        (allowed,) = sources(policies, port)
+        (source,) = allowed  # type: ignore[misc]
+        assert selects(source["podSelector"]["matchLabels"], central["metadata"]["labels"])
     for port in (discovery.events_port, discovery.replay_port):
-        assert any(p["port"] <= port <= p.get("endPort", p["port"]) for p in rule["ports"])
+        assert port in zmq_ports(objs)
 
 
 @pytest.mark.parametrize("overlay", ["sidecar", "central"])
@@ -267,4 +347,14 @@ def test_only_kvsi_pods_reach_the_development_redis(overlay: str) -> None:
 def test_the_external_redis_overlay_drops_the_development_redis() -> None:
     objs = rendered("external-redis")
     assert not [o for o in objs if "redis" in o["metadata"]["name"] and o["kind"] != "ConfigMap"]
-    assert config_map(objs)["KVSI_STORE"].startswith("redis+cluster://")
+    assert "KVSI_STORE" not in config_map(objs), "the Secret names the Redis Cluster"
+
+
+def test_the_dynamo_api_port_is_reachable_when_it_is_on() -> None:
+    """Dynamo's indexer API on 8090 (KVSI_DYNAMO__PORT): the Service names it and the API's
+    policy admits it from the namespace, like the REST port."""
+    objs = rendered("sidecar")
+    service = one(objs, "Service", "kvsi-api")
+    assert {(p["name"], p["port"]) for p in service["spec"]["ports"]} >= {("dynamo", 8090)}
+    policy = one(objs, "NetworkPolicy", "kvsi-api")
+    assert sources([policy], 8090) == sources([policy], 8000) == [NAMESPACE_AND_MONITORING]

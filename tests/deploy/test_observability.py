@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.deploy.manifests import rendered
 from tests.deploy.paths import DEPLOY
 from tests.ports import free_port
 from tests.waiting import until_sync
@@ -27,6 +29,18 @@ from tests.waiting import until_sync
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = DEPLOY / "grafana" / "kv-session-index.json"
+RULES = DEPLOY / "components" / "monitoring" / "prometheusrule.yaml"
+ALERTED = {
+    "kvsi_worker_degraded",
+    "kvsi_publisher_connected",
+    "kvsi_worker_lag_seconds",
+    "kvsi_batches_lost_total",
+    "kvsi_index_lost_total",
+    "kvsi_fleet_decode_drops_total",
+    "kvsi_store_available",
+}
+"""What the alerts must watch: a degraded or disconnected worker, lag, lost batches, index
+lost, decode drops, the store unavailable (issue #14's list)."""
 SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_count", "_sum", "_created"),
@@ -109,10 +123,17 @@ def exported_names(metrics_text: str) -> set[str]:
 
 
 def dashboard_queries() -> list[str]:
+    """Every panel's query and every variable's."""
     board = json.loads(DASHBOARD.read_text())
     queries = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    queries += [v["query"]["query"] for v in board["templating"]["list"] if v["type"] == "query"]
     assert all(p.get("targets") for p in board["panels"] if p["type"] != "row")
     return queries
+
+
+def alert_queries() -> list[str]:
+    rule = yaml.safe_load(RULES.read_text())
+    return [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
 
 
 def logs(output: str) -> list[dict[str, object]]:
@@ -154,6 +175,9 @@ def test_dashboard_metrics_api_and_index_metrics_and_json_logs_from_a_running_se
     assert missing == set(), f"the dashboard queries metrics the code does not export: {missing}"
     charted = {n for q in dashboard_queries() for n in re.findall(r"\bkvsi_[a-z0-9_]+", q)}
     assert charted >= REQUIRED, REQUIRED - charted
+    alerted = {n for q in alert_queries() for n in re.findall(r"\bkvsi_[a-z0-9_]+", q)}
+    assert alerted - exported_names(text) == set(), "the alerts watch metrics nobody exports"
+    assert alerted >= ALERTED, ALERTED - alerted
 
     requests = {
         (labels["route"], labels["status"]): value
@@ -206,8 +230,55 @@ def test_the_dashboard_is_importable_grafana_json() -> None:
     assert board["uid"] == "kv-session-index" and board["title"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
-    (source,) = board["templating"]["list"]
+    source, *variables = board["templating"]["list"]
     assert source["type"] == "datasource" and source["query"] == "prometheus"
+    assert [v["name"] for v in variables] == ["namespace", "job", "worker"]
+    for variable in variables:
+        assert variable["datasource"]["uid"] == "${datasource}" and variable["includeAll"]
     for panel in board["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_every_query_follows_the_namespace_job_and_worker_variables() -> None:
+    board = json.loads(Path(DASHBOARD).read_text())
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            for selector in re.findall(r"\bkvsi_[a-z0-9_]+(\{[^}]*\})?", target["expr"]):
+                assert 'namespace=~"$namespace"' in selector, (panel["title"], target["expr"])
+                assert 'job=~"$job"' in selector, (panel["title"], target["expr"])
+            if "by (worker)" in target["expr"]:
+                assert 'worker=~"$worker"' in target["expr"], panel["title"]
+    queries = [v["query"]["query"] for v in board["templating"]["list"][1:]]
+    assert queries[1].count("$namespace") == 1 and queries[2].count("$job") == 1, "cascading"
+
+
+def test_a_panel_shows_each_workers_state() -> None:
+    board = json.loads(Path(DASHBOARD).read_text())
+    (panel,) = [p for p in board["panels"] if p["title"] == "Worker state"]
+    assert panel["type"] == "state-timeline"
+    (target,) = panel["targets"]
+    assert target["legendFormat"] == "{{worker}}"
+    assert "kvsi_worker_degraded" in target["expr"] and "kvsi_publisher_connected" in target["expr"]
+    (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+    texts = {value: shown["text"] for value, shown in mapping["options"].items()}
+    assert texts == {
+        "0": "live",
+        "1": "disconnected",
+        "2": "degraded",
+        "3": "degraded, disconnected",
+    }
+
+
+def test_the_dashboard_ships_as_a_config_map_for_grafanas_sidecar() -> None:
+    objs = rendered("external-redis")
+    (config_map,) = [
+        o
+        for o in objs
+        if o["kind"] == "ConfigMap" and o["metadata"].get("labels", {}).get("grafana_dashboard")
+    ]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["name"] == "kvsi-grafana-dashboard", "no hash suffix"
+    (text,) = config_map["data"].values()
+    assert json.loads(text) == json.loads(DASHBOARD.read_text())
+    assert len(text.encode()) < 256 * 1024, "kubectl apply's last-applied annotation limit"

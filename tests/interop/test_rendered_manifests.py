@@ -11,6 +11,8 @@ starts, so they reach it only through the rendered replay endpoint.
 
 Only what Kubernetes provides is substituted, explicitly:
 - the downward API: `$(POD_NAME)` and the namespace are a sample pod's (tests.deploy.manifests);
+- the Secret `kvsi` the operator creates: a sample token, the store's URL as documented, its
+  mounted files written under the test's temporary folder;
 - DNS: a Redis Service's name and port (`KVSI_STORE`) resolve to the test's own Redis (a
   Redis Cluster for a `+cluster` URL) on loopback;
 - the pod network: in central mode the Kubernetes API (tests/kvsi/fake_kube.py, reached
@@ -39,12 +41,13 @@ from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
     POD_NAME,
+    SAMPLE_TOKENS,
     Obj,
-    command_line,
     containers,
-    environment,
     events_config,
+    expanded,
     is_kvsi,
+    materialized,
     one,
     rendered,
 )
@@ -101,29 +104,33 @@ def renumbered(text: str, ports: Mapping[int, int]) -> str:
     )
 
 
-def command(objs: tuple[Obj, ...], container: Obj, ports: Mapping[int, int]) -> Command:
-    """The container's args and variables as the kubelet sets them, ports renumbered."""
-    env = environment(objs, container)
+def command(
+    objs: tuple[Obj, ...], owner: tuple[Obj, Obj], ports: Mapping[int, int], files: Path
+) -> Command:
+    """The container's args and variables as the kubelet sets them, ports renumbered, the
+    files it mounts from the Secret written under `files`."""
+    workload, container = owner
+    env = materialized(objs, workload, container, files)
     return Command(
-        [renumbered(arg, ports) for arg in command_line(objs, container)],
+        [renumbered(arg, ports) for arg in expanded(container.get("args", []), env)],
         {name: renumbered(value, ports) for name, value in env.items()},
     )
 
 
-def shipped(overlay: str, ports: Mapping[int, int]) -> Shipped:
+def shipped(overlay: str, ports: Mapping[int, int], files: Path) -> Shipped:
     objs = rendered(overlay)
     config = events_config(objs)
     for field in ("endpoint", "replay_endpoint"):
         config[field] = renumbered(config[field], ports)
-    kvsi = {w["metadata"]["name"]: c for w, c in containers(objs) if is_kvsi(c)}
+    kvsi = {w["metadata"]["name"]: (w, c) for w, c in containers(objs) if is_kvsi(c)}
     api = kvsi.pop("kvsi-api")
     (ingest,) = kvsi.values()
     metadata = one(objs, "Deployment", "vllm")["spec"]["template"]["metadata"]
     annotations = {k: renumbered(v, ports) for k, v in metadata.get("annotations", {}).items()}
     return Shipped(
         kv_events=KVEventsConfig(**config),
-        ingest=command(objs, ingest, ports),
-        api=command(objs, api, ports),
+        ingest=command(objs, ingest, ports, files),
+        api=command(objs, api, ports, files),
         vllm_pod={"labels": metadata["labels"], "annotations": annotations},
     )
 
@@ -170,8 +177,12 @@ def serve(worker: VllmWorker, work: list[Turn]) -> None:
 
 
 async def api_client(run: Services, announced: str) -> httpx.AsyncClient:
-    """A client of the API on loopback (it announces the address it binds, 0.0.0.0)."""
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{urlsplit(announced).port}")
+    """A client of the API on loopback (it announces the address it binds, 0.0.0.0), with
+    the bearer token of the sample Secret (ignored by the dev overlay's open API)."""
+    client = httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{urlsplit(announced).port}",
+        headers={"Authorization": f"Bearer {SAMPLE_TOKENS.strip()}"},
+    )
     run.clients.append(client)
     return client
 
@@ -181,7 +192,8 @@ async def test_vllms_publisher_and_kvsi_run_as_rendered_carry_every_event(
     overlay: str, tmp_path: Path
 ) -> None:
     base = free_port_run(len(FIXED_PORTS))
-    deployed = shipped(overlay, {fixed: base + i for i, fixed in enumerate(FIXED_PORTS)})
+    ports = {fixed: base + i for i, fixed in enumerate(FIXED_PORTS)}
+    deployed = shipped(overlay, ports, tmp_path / "secret")
     workers = {WORKER: VllmWorker(POD_NAME, deployed.kv_events, num_blocks=64)}
     async with AsyncExitStack() as stack:
         stack.callback(workers[WORKER].close)

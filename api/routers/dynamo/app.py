@@ -20,6 +20,7 @@ from kvsi import hashing
 from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.errors import describe_validation_errors, http_error_detail
+from kvsi.api.observe import observe
 from kvsi.api.routers.dynamo import routes
 from kvsi.api.routers.dynamo.registry import guarded_door
 from kvsi.api.routers.dynamo.routes import DynamoOptions
@@ -63,6 +64,7 @@ def create_dynamo_app(
     app.add_exception_handler(RequestValidationError, _bad_input)
     app.add_exception_handler(HTTPException, _refused)
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
+    observe(app)
     protected = [Depends(require_token)] if tokens else []
     app.include_router(
         routes.router, dependencies=protected, responses=UNAUTHORIZED if tokens else {}
