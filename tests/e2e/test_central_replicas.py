@@ -109,6 +109,12 @@ async def test_replicas_split_the_pods_and_hand_them_over_without_a_lost_batch(
             try:
 
                 async def split(among: list[Service]) -> list[set[str]] | None:
+                    """Each pod's one follower, once every replica in `among` counts them
+                    all (a replica starting alone follows every pod for a beat)."""
+                    for client in (clients[replicas.index(r)] for r in among):
+                        seen = await metrics(client)
+                        if seen.get(("kvsi_discovery_replicas", ())) != len(among):
+                            return None
                     return one_owner_each(among, workers)
 
                 shares = await until(partial(split, replicas), 60, "one follower per pod", run)
