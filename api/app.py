@@ -85,6 +85,7 @@ def create_app(
     hint_options: HintOptions | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     direct_routes: bool = True,
+    access_log: bool = True,
 ) -> FastAPI:
     """The REST app over `store`, which the caller opens before and closes after.
 
@@ -99,6 +100,7 @@ def create_app(
     served from the package's own files (fastapi-offline), not a CDN. `direct_routes`:
     answer the hot requests past FastAPI's per-request machinery (api/direct.py), with the
     same answers; False sends every request through FastAPI (the tests compare the two).
+    `access_log`: one log line per request (off: only the metrics count them).
     """
     app = FastAPIOffline(
         title=title,
@@ -122,7 +124,7 @@ def create_app(
     if direct_routes:
         app.add_middleware(DirectRoutes)
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
-    app.add_middleware(RequestMetrics)
+    app.add_middleware(RequestMetrics, access_log=access_log)
     observe(app)
     # Documented in OpenAPI only where enforced, so the schema tells clients the truth.
     protected = [Depends(require_token)] if tokens else []
@@ -185,8 +187,9 @@ class RequestMetrics:
     `LOGGED_TEXT` characters (an id longer than that is left to the cut path, not logged
     twice); kvsi.logs escapes control characters."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, access_log: bool = True) -> None:
         self.app = app
+        self._access_log = access_log
         self._timers: dict[tuple[str, str], Histogram] = {}
         self._counts: dict[tuple[str, str, int], Counter] = {}
 
@@ -230,20 +233,26 @@ class RequestMetrics:
             if not timed:
                 self._timer(method, route_name).observe(elapsed)
             self._count(method, route_name, status).inc()
-            params = scope.get("path_params", {})
-            log.info(
-                "http.request",
-                method=scope["method"],
-                route=route_name,
-                path=_cut(scope["path"]),
-                status=status,
-                duration_ms=round(elapsed * 1000, 3),
-                **{
-                    k: params[k]
-                    for k in ("session_id", "pod")
-                    if k in params and len(params[k]) <= LOGGED_TEXT
-                },
-            )
+            if self._access_log:
+                _log_request(scope, route_name, status, elapsed)
+
+
+def _log_request(scope: Scope, route: str, status: int, elapsed: float) -> None:
+    """The request's log line."""
+    params = scope.get("path_params", {})
+    log.info(
+        "http.request",
+        method=scope["method"],
+        route=route,
+        path=_cut(scope["path"]),
+        status=status,
+        duration_ms=round(elapsed * 1000, 3),
+        **{
+            k: params[k]
+            for k in ("session_id", "pod")
+            if k in params and len(params[k]) <= LOGGED_TEXT
+        },
+    )
 
 
 def _cut(text: str) -> str:

@@ -239,6 +239,7 @@ def _api_app(settings: Settings, store: IndexStore, pool: StreamPool | None) -> 
         metrics_require_token=settings.metrics_require_token,
         hint_options=hint_options(settings),
         max_body_bytes=settings.max_body_bytes,
+        access_log=settings.access_log,
     )
     if settings.dynamo_api:
         app.mount(settings.dynamo.prefix, dynamo_app(settings, store))

@@ -299,6 +299,10 @@ class Settings(BaseSettings):
     """Log threshold."""
     log_format: Literal["json", "console"] = "console"
     """`json` for log shippers, `console` for people."""
+    access_log: bool = True
+    """Log one line per HTTP request (route, status, duration, session or pod, request id).
+    Off: requests are still counted and timed in /metrics and failures still logged, and a
+    busy API spends less CPU per request (bench/README.md, api_cpu.py)."""
     demo: bool = False
     """Start a simulated fleet of vLLM pods in-process and subscribe to it."""
     demo_pods: int = Field(default=3, ge=1, le=64)

@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import structlog
+from prometheus_client import REGISTRY
 
 from kvsi.api import create_app
 from kvsi.store.memory import MemoryStore
-from tests.api.harness import get_json
+from tests.api.harness import client_for, get_json
 
 ROUTES = {
     "/v1/sessions": {"get"},
@@ -98,3 +101,19 @@ def test_importing_the_api_loads_neither_zmq_nor_the_subscriber() -> None:
     )
 
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("access_log", [True, False])
+async def test_the_access_log_can_be_off_and_requests_are_still_counted(access_log: bool) -> None:
+    app = create_app(MemoryStore(), access_log=access_log)
+    labels = {"method": "GET", "route": "/v1/sessions/{session_id}", "status": "404"}
+    before = REGISTRY.get_sample_value("kvsi_http_requests_total", labels) or 0.0
+    with structlog.testing.capture_logs() as logged:
+        async with client_for(app) as client:
+            assert (await client.get("/v1/sessions/nobody")).status_code == 404
+            assert (await client.get("/v1/pods")).status_code == 200
+    lines = [e for e in logged if e["event"] == "http.request"]
+    assert [e["route"] for e in lines] == (
+        ["/v1/sessions/{session_id}", "/v1/pods"] if access_log else []
+    )
+    assert REGISTRY.get_sample_value("kvsi_http_requests_total", labels) == before + 1
