@@ -16,21 +16,21 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
-from kvsi import hashing
 from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.errors import describe_validation_errors, http_error_detail
 from kvsi.api.routers.dynamo import routes
 from kvsi.api.routers.dynamo.registry import guarded_door
 from kvsi.api.routers.dynamo.routes import DynamoOptions
+from kvsi.hashing.dynamo import tokens_seed
 from kvsi.store.base import IndexStore
 
 DESCRIPTION = """\
 Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`), answered from the
 kv-session-index: `/query_by_hash`, `/query`, `/workers`, `/register`, `/unregister`, `/dump`,
 `/health`. Scores are matched tokens per instance id and dp_rank; `instances` adds the gpu,
-cpu and disk tiers (cumulative) and `longest_matched`. `block_hashes` are the hashes the
-engines publish (vLLM's), as signed 64-bit ints. Errors are `{"error": "..."}`.
+cpu and disk tiers (cumulative) and `longest_matched`. `block_hashes` are Dynamo's local
+block hashes (each block's tokens hashed), as signed 64-bit ints. Errors are `{"error": "..."}`.
 """
 
 
@@ -43,14 +43,14 @@ def create_dynamo_app(
 ) -> FastAPI:
     """The Dynamo API over `store` (opened and closed by the caller).
 
-    Checks the hashing options at once (an unknown algorithm, xxhash without its package
-    or without a seed), so a misconfiguration stops the service at start, not a query.
+    Checks at once that Dynamo's block hash can be computed (the xxhash package), so a
+    missing package stops the service at start, not a query.
     `tokens`: bearer tokens every endpoint but `/health` requires (none: open). A body over
     `max_body_bytes` is a 413, refused before it is read whole; bodies are JSON whatever
     their Content-Type says. Swagger UI's files are the package's own (fastapi-offline).
     """
     options = options or DynamoOptions()
-    hashing.BlockHasher(algorithm=options.hash_algorithm, hash_seed=options.hash_seed)
+    tokens_seed()
     app = FastAPIOffline(
         title="kv-session-index: Dynamo KV indexer API",
         description=DESCRIPTION,
