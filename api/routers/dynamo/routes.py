@@ -238,8 +238,10 @@ async def unregister(body: UnregisterRequest, door: Door) -> Status:
         for i in await door.instances()
         if i.instance_id == body.instance_id
         and i.model_name == body.model_name
-        and body.routing_group in (None, i.routing_group)
-        and body.dp_rank in (None, i.dp_rank)
+        and (
+            body.routing_group is None  # every group and rank, as Dynamo ignores dp_rank then
+            or (i.routing_group == body.routing_group and body.dp_rank in (None, i.dp_rank))
+        )
     ]
     if not chosen:
         raise HTTPException(

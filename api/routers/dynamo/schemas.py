@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, field_validator
 
-from kvsi.api.params import POD_PATTERN, BodyModel, QueryParams
+from kvsi.api.params import POD_PATTERN, QueryParams
 from kvsi.store.endpoints import zmq_endpoint
 
 DEFAULT_ROUTING_GROUP = "default"
@@ -37,7 +37,7 @@ RoutingGroup = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 _IGNORED = "Accepted for compatibility and ignored, as Dynamo does."
 
 
-class _Body(BodyModel):
+class _Body(BaseModel):
     """A request body: a field Dynamo does not define is ignored, as Dynamo's serde does."""
 
     model_config = ConfigDict(extra="ignore")
