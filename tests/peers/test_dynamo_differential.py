@@ -28,7 +28,7 @@ from kvsi.hashing.dynamo import tokens_hashes
 from kvsi.simulator.publisher import SimulatedPublisher
 from kvsi.subscriber.wire import AllBlocksCleared
 from tests.e2e.services import services
-from tests.peers.dynamo import DynamoIndexer, require_peer
+from tests.peers.dynamo import DynamoIndexer
 from tests.peers.traffic import BLOCK_SIZE, OffloadingEngine, Prompts
 from tests.waiting import until
 
@@ -47,11 +47,6 @@ class Rank:
     dp_rank: int
     publisher: SimulatedPublisher
     engine: OffloadingEngine
-
-
-@pytest.fixture
-def peer() -> Path:
-    return require_peer()
 
 
 @pytest.fixture
@@ -188,7 +183,7 @@ async def _drive(ranks: list[Rank], prompts: Prompts, rng: random.Random) -> Non
 
 
 async def test_kvsi_answers_as_dynamos_indexer_before_and_after_recovery_from_its_dump(
-    peer: Path, ranks: list[Rank], workdir: Path
+    peer: Path, ranks: list[Rank], workdir: Path, store_url: str
 ) -> None:
     rng = random.Random(15)
     prompts = Prompts(rng)
@@ -196,7 +191,7 @@ async def test_kvsi_answers_as_dynamos_indexer_before_and_after_recovery_from_it
         dynamo = DynamoIndexer(peer, workdir, "dynamo", "--threads", "2")
         recovered: DynamoIndexer | None = None
         try:
-            kvsi = run.start("kvsi", "memory", None, env={"KVSI_DYNAMO_API": "true"})
+            kvsi = run.start("kvsi", store_url, None, env={"KVSI_DYNAMO_API": "true"})
             kvsi_base = f"{await kvsi.serving()}/dynamo"
             await dynamo.serving(client)
             await _register(client, kvsi_base, ranks)
