@@ -73,9 +73,18 @@ def create_dynamo_app(
 
 
 async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
+    """As Dynamo answers: a body of the wrong shape or types (what serde refuses) is a 422;
+    a body that is not JSON, a bad query string, or a value Dynamo's handlers check
+    themselves (an endpoint's scheme, `cache_salt` on `/query_by_hash`: our validators'
+    `value_error`) a 400."""
     assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    shape = all(
+        e["loc"][:1] == ("body",) and e["type"] not in ("json_invalid", "value_error")
+        for e in errors
+    )
     return JSONResponse(
-        status_code=400, content={"error": describe_validation_errors(exc.errors())}
+        status_code=422 if shape else 400, content={"error": describe_validation_errors(errors)}
     )
 
 
@@ -87,7 +96,8 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _document_errors(app: FastAPI) -> None:
-    """Make OpenAPI match the handlers: 400 (never 422), and errors shaped `{"error"}`."""
+    """Make OpenAPI match the handlers: 422 for a body Dynamo's serde would refuse, 400 for
+    the rest, errors shaped `{"error"}`."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -96,7 +106,15 @@ def _document_errors(app: FastAPI) -> None:
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     responses = operation.get("responses", {})
-                    responses.pop("422", None)
+                    if responses.pop("422", None) is not None and "requestBody" in operation:
+                        responses["422"] = {
+                            "description": "A body of the wrong shape or types.",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/DynamoError"}
+                                }
+                            },
+                        }
                     if "401" in responses:
                         responses["401"]["content"] = {
                             "application/json": {

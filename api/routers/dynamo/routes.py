@@ -216,6 +216,14 @@ def _clash(new: DynamoInstance, existing: list[DynamoInstance]) -> str | None:
                 f"instance {new.instance_id} dp_rank {new.dp_rank} is already registered "
                 f"(model {old.model_name!r}, endpoint {old.endpoint}); unregister it first"
             )
+        if old.instance_id == new.instance_id and (old.model_name, old.routing_group) != (
+            new.model_name,
+            new.routing_group,
+        ):
+            return (
+                f"instance {new.instance_id} is already registered for model="
+                f"{old.model_name} routing_group={old.routing_group}"
+            )
         if (old.model_name, old.routing_group) == (new.model_name, new.routing_group) and (
             old.block_size != new.block_size
         ):

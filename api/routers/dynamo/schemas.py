@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, field_validator
 
-from kvsi.api.params import POD_PATTERN, QueryParams
+from kvsi.api.params import POD_PATTERN
 from kvsi.store.endpoints import zmq_endpoint
 
 DEFAULT_ROUTING_GROUP = "default"
@@ -23,7 +23,8 @@ MAX_TOKENS = 1_048_576
 MAX_NAME = 256
 MAX_ENDPOINT = 1_024
 MAX_INSTANCE_ID = 2**64 - 1
-MAX_DP_RANK = 1_023
+MAX_DP_RANK = 2**32 - 1
+"""Dynamo's dp_rank is a u32."""
 
 
 SignedHash = Annotated[int, Strict(), Field(ge=-(2**63), le=2**64 - 1)]
@@ -31,8 +32,9 @@ SignedHash = Annotated[int, Strict(), Field(ge=-(2**63), le=2**64 - 1)]
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 InstanceId = Annotated[int, Strict(), Field(ge=0, le=MAX_INSTANCE_ID)]
 DpRank = Annotated[int, Strict(), Field(ge=0, le=MAX_DP_RANK)]
-ModelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-RoutingGroup = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+ModelName = Annotated[str, Field(max_length=MAX_NAME)]
+RoutingGroup = Annotated[str, Field(max_length=MAX_NAME)]
+"""Any string, the empty one too, as Dynamo takes them."""
 
 _IGNORED = "Accepted for compatibility and ignored, as Dynamo does."
 
@@ -135,8 +137,11 @@ class UnregisterRequest(_Body):
     dp_rank: DpRank | None = None
 
 
-class WorkersQuery(QueryParams):
-    """`GET /workers` filters, each independent."""
+class WorkersQuery(BaseModel):
+    """`GET /workers` filters, each independent; other parameters are ignored, as Dynamo
+    ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
 
     model_name: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
     routing_group: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
