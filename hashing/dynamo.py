@@ -11,7 +11,7 @@ holds this to vectors generated from the ai-dynamo-runtime wheel.
 
 from __future__ import annotations
 
-import struct
+from array import array
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import import_module
@@ -21,8 +21,12 @@ SEED = 1337
 """Dynamo's XXH3_SEED: the seed of a block with neither LoRA nor salt."""
 
 _U64 = 2**64
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)
+"""The array type code of an unsigned 32-bit int here (little-endian on every platform
+Dynamo ships for; the tokens' bytes are hashed as it lays them out)."""
 
 
+@lru_cache(maxsize=1)
 def _xxh3() -> Any:
     try:
         return import_module("xxhash").xxh3_64_intdigest
@@ -58,12 +62,10 @@ def tokens_hashes(
         raise ValueError(f"block size must be at least 1, not {block_size}")
     xxh3 = _xxh3()
     seed = tokens_seed(lora_name, salt)
-    layout = struct.Struct(f"<{block_size}I")
     end = len(token_ids) - len(token_ids) % block_size
     try:
-        return [
-            xxh3(layout.pack(*token_ids[start : start + block_size]), seed)
-            for start in range(0, end, block_size)
-        ]
-    except struct.error as exc:
+        packed = memoryview(array(_U32, token_ids[:end]).tobytes())
+    except (OverflowError, TypeError) as exc:
         raise ValueError(f"token ids must be u32: {exc}") from exc
+    step = 4 * block_size
+    return [xxh3(packed[start : start + step], seed) for start in range(0, len(packed), step)]

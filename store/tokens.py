@@ -46,14 +46,15 @@ class TokenTree:
             return added
         child, edge = self.child, self.edge
         for h, t in zip(hashes, tokens, strict=False):
-            if not isinstance(h, int):
-                return added
             if h not in edge:
+                if not isinstance(h, int):
+                    return added
                 key = (parent, t)
                 edge[h] = key
                 child[key] = h
                 added.append((h, key))
-            parent = h
+            # An int: a digest returned above.
+            parent = h  # type: ignore[assignment]
         return added
 
     def unlink(
