@@ -53,8 +53,7 @@ class TokenTree:
                 edge[h] = key
                 child[key] = h
                 added.append((h, key))
-            # An int: a digest returned above.
-            parent = h  # type: ignore[assignment]
+            parent = h
         return added
 
     def unlink(
