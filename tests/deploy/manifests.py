@@ -81,8 +81,8 @@ def environment(objs: tuple[Obj, ...], container: Obj) -> dict[str, str]:
         env |= config_map(objs) if "configMapRef" in source else {}
     fields = {"metadata.name": POD_NAME, "metadata.namespace": NAMESPACE}
     for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
+        if "value" in var:  # a reference to a variable defined before it is expanded
+            env[var["name"]] = expanded([var["value"]], env)[0]
         else:
             env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
