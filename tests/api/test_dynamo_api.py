@@ -293,6 +293,7 @@ async def test_dump_lists_each_block_under_its_parent_with_its_tokens_hash(
         chain([11, 12]),
         chain([12], "CPU", engine(11)),
         EntriesStored([bytes(32)], "GPU"),  # no u64 form: left out
+        EntriesStored(list(range(40)), "GPU"),  # no tokens (ingested with the API off)
     )
 
     dumped = (await client.get("/dump")).json()

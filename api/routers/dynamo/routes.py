@@ -33,7 +33,7 @@ from kvsi.api.routers.dynamo.schemas import (
 from kvsi.api.routers.dynamo.scores import overlap_answer
 from kvsi.api.schemas import json_response
 from kvsi.hashing.dynamo import tokens_hashes
-from kvsi.store.model import U64_MASK, WorkerKey, WorkerState, WorkerView
+from kvsi.store.model import U64_MASK, Hash, WorkerKey, WorkerState, WorkerView
 from kvsi.store.registry import DynamoInstance
 from kvsi.store.tokens import Edge
 
@@ -45,6 +45,9 @@ Door = Annotated[RegistryDoor, Depends(get_door)]
 
 DUMP_TIERS = (("GPU", "device"), ("CPU", "host_pinned"), ("DISK", "disk"))
 """The media `/dump` lists, and the storage tier Dynamo names each."""
+
+DUMP_PAGE = 10_000
+"""Blocks per read of a worker's medium while `/dump` gathers what it holds."""
 
 LISTENER_OF: dict[WorkerState, ListenerStatus] = {
     WorkerState.CONNECTING: "pending",
@@ -280,12 +283,9 @@ async def dump(door: Door, options: Options) -> Response:
             if budget == 0:
                 entry["truncated"] = entry["truncated"] or bool(order)
                 break
-            page = await door.worker_blocks(
-                i.pod, dp_rank=i.dp_rank, medium=medium, limit=len(order) or 1, cursor=None
-            )
-            if page is None:
+            held = await _held(door, i, medium) if order else set()
+            if held is None:
                 break  # no such worker (yet)
-            held = set(page.items)
             for h in order:
                 if h not in held:
                     continue
@@ -295,6 +295,22 @@ async def dump(door: Door, options: Options) -> Response:
                 budget -= 1
                 events.append(_stored(i, tier, h, edges[h], len(events)))
     return json_response(out)
+
+
+async def _held(door: RegistryDoor, instance: DynamoInstance, medium: str) -> set[Hash] | None:
+    """Every block the instance's worker holds on `medium` (None: no such worker)."""
+    held: set[Hash] = set()
+    cursor = None
+    while True:
+        page = await door.worker_blocks(
+            instance.pod, dp_rank=instance.dp_rank, medium=medium, limit=DUMP_PAGE, cursor=cursor
+        )
+        if page is None:
+            return None
+        held.update(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return held
 
 
 def parent_order(edges: Mapping[int, Edge]) -> list[int]:
