@@ -3,6 +3,10 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
+# Dynamo's runtime (the `peers` extra: its standalone indexer and hashes), in a virtualenv
+# of its own inside .venv so the main one stays light.
+PEERS_VENV ?= $(VENV)/peers
+PEERS_BIN := $(PEERS_VENV)/bin
 
 .PHONY: demo test lint bench clean deploy-check
 
@@ -33,8 +37,9 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The whole suite: lint, types, tests, then the interop tier against real vLLM code.
-test: lint
+# The whole suite: lint, types, tests (the peers tier among them: Dynamo's own indexer from
+# .venv/peers), then the interop tier against real vLLM code.
+test: lint $(PEERS_BIN)/.installed
 	$(BIN)/pytest
 	$(MAKE) interop
 
@@ -48,14 +53,17 @@ bench: $(BIN)/.installed
 
 # The ingest benches against their peer, Dynamo (the `peers` extra), in a virtualenv of its
 # own inside .venv so the main one stays light.
-PEERS_VENV ?= $(VENV)/peers
-PEERS_BIN := $(PEERS_VENV)/bin
-
 $(PEERS_BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_BIN)/pip install --quiet --upgrade pip
 	$(PEERS_BIN)/pip install --quiet -e ".[peers]"
 	touch $@
+
+# The peers tier alone (tests/peers): kvsi's Dynamo API against `python -m dynamo.indexer`
+# on the same events; `make test` runs it with the rest. CI set: a missing peer fails it.
+.PHONY: peers
+peers: $(BIN)/.installed $(PEERS_BIN)/.installed
+	$(BIN)/pytest -m peers tests/peers
 
 .PHONY: bench-peers
 bench-peers: $(PEERS_BIN)/.installed

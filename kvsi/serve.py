@@ -59,6 +59,7 @@ def ingest_options(settings: Settings) -> IngestOptions:
         store_retry_max=settings.store_retry_max_seconds,
         index_audit=settings.index_audit_seconds,
         max_workers=settings.max_workers,
+        tokens_hashes=settings.dynamo_api,
     )
 
 
@@ -261,12 +262,7 @@ def hint_options(settings: Settings) -> HintOptions:
 def dynamo_app(settings: Settings, store: IndexStore) -> FastAPI:
     """Dynamo's standalone indexer API over `store`, as the settings configure it."""
     config = settings.dynamo
-    options = DynamoOptions(
-        hash_algorithm=config.hash_algorithm,
-        hash_seed=config.hash_seed,
-        lora_paths=config.lora_paths,
-        dump_limit=config.dump_limit,
-    )
+    options = DynamoOptions(dump_limit=config.dump_limit)
     return create_dynamo_app(
         store, options, tokens=bearer_tokens(settings), max_body_bytes=settings.max_body_bytes
     )

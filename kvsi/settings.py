@@ -137,8 +137,8 @@ class DiscoveryConfig(BaseModel):
 
 
 class DynamoConfig(BaseModel):
-    """Dynamo's standalone KV indexer API (`dynamo_api`): where it is served, how `/query`
-    hashes token ids, how much `/dump` returns. docs/routers/dynamo.md has the rest."""
+    """Dynamo's standalone KV indexer API (`dynamo_api`): where it is served, how much
+    `/dump` returns. docs/routers/dynamo.md has the rest."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -147,13 +147,6 @@ class DynamoConfig(BaseModel):
     port: int | None = Field(default=None, ge=0, le=65535)
     """Also serve it at the root of this port of `host`, as `python -m dynamo.indexer` does
     (8090 there): a drop-in for its clients. None: only under `prefix`."""
-    hash_algorithm: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "sha256"
-    """The engines' --prefix-caching-hash-algo: how `/query` hashes token ids."""
-    hash_seed: str | None = Field(default=None, max_length=64)
-    """The engines' PYTHONHASHSEED, if they set one."""
-    lora_paths: dict[str, str] = {}
-    """LoRA adapter name -> the path the engines loaded it from: vLLM hashes both, and a
-    `/query` names only the adapter."""
     dump_limit: int = Field(default=10_000, ge=1, le=1_000_000)
     """Most block hashes one `/dump` lists over all workers; beyond, it says `truncated`."""
     follow_seconds: float = Field(default=2.0, gt=0)

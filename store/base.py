@@ -31,6 +31,7 @@ from kvsi.store.model import (
 )
 from kvsi.store.paging import SessionOrder
 from kvsi.store.registry import DynamoInstance
+from kvsi.store.tokens import Edge
 
 
 class IndexWriter(Protocol):
@@ -226,6 +227,24 @@ class IndexReader(Protocol):
         Cost: O(holders of the first block x matched prefix x parts), plus O(`workers`) when
         given: not the fleet.
         """
+        ...
+
+    async def match_tokens(
+        self, tokens_hashes: list[int], workers: list[WorkerKey]
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        """`match_prefix` as Dynamo's indexer matches: the prompt given by its blocks' tokens
+        hashes (hashing/dynamo.py), walked per worker along the edges its stores named
+        (store/tokens.py), from the first block, as far as the worker holds them. The
+        media of each block of that run; a worker with an empty run is not in the answer.
+        Only stores ingested with the Dynamo API on carry edges. Cost: O(`workers` x
+        matched blocks x parts); Redis: one script call per worker, pipelined, then
+        `match_prefix` per distinct run.
+        """
+        ...
+
+    async def token_edges(self, worker: WorkerKey) -> dict[int, Edge]:
+        """Every block of the worker Dynamo's edges name, with its (parent, tokens hash):
+        what a Dynamo dump lists. Empty for an unknown worker. Cost: O(its edges)."""
         ...
 
     async def change_feed(self) -> FeedHub:

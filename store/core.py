@@ -33,6 +33,7 @@ from kvsi.store.model import (
     release,
 )
 from kvsi.store.records import ABSENT, Holders, Part, Removed, Residency
+from kvsi.store.tokens import Edge, TokenTree
 
 _SET_HOLDS: Final[Callable[[Holders | bool, Residency], bool]] = set.__contains__  # type: ignore[assignment]
 """`set.__contains__` as a function of any holder: TypeError unless it is a set."""
@@ -75,6 +76,8 @@ class WorkerIndex(Generic[P, R]):
         """Residencies whose entries the current write changed, for the change feed."""
         self._closed: list[ResidencyRow] = []
         """Rows of residencies the current write ended (a clear, an expiry)."""
+        self.tokens = TokenTree()
+        """Dynamo's edges of the entries (empty unless stores carry `tokens_hashes`)."""
 
     # -- parts and residencies ------------------------------------------------------------
 
@@ -220,9 +223,17 @@ class WorkerIndex(Generic[P, R]):
             res.added += n
         return part, res, added, fresh, adopted
 
+    def link(self, event: EntriesStored) -> list[tuple[int, Edge]]:
+        """Dynamo's edges of a store's blocks (after `store`), if it names their tokens."""
+        tokens = event.tokens_hashes
+        if not tokens:
+            return []
+        return self.tokens.link(event.parent_block_hash, event.block_hashes, tokens)
+
     def remove(self, part: Part, hashes: Collection[Hash], lost: int) -> Removed:
         """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
-        policy's drops) is what each adds to a session's lost blocks."""
+        policy's drops) is what each adds to a session's lost blocks. Dynamo's edges of
+        those no part holds any more go too (`Removed.unlinked`)."""
         popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
         pid, batch = part.pid, self._batch
         losers = popped if set not in map(type, popped) else _each_holder(popped)
@@ -242,7 +253,10 @@ class WorkerIndex(Generic[P, R]):
                 res.added = res.removed = 0
                 self._changed.append(res)
             res.removed += 1
-        return Removed(hashes, popped)
+        out = Removed(hashes, popped)
+        if self.tokens.edge:
+            out.unlinked = self.tokens.unlink(hashes, self.holds)
+        return out
 
     def clear(self) -> list[tuple[R, list[int]]]:
         """Every entry gone (the engine's cache emptied: a restart, `WorkerCleared`, a worker
@@ -267,6 +281,7 @@ class WorkerIndex(Generic[P, R]):
         for part in self.by_pid.values():
             part.holders.clear()
             part.pending.clear()
+        self.tokens.clear()
         self.active = 0
         return emptied
 

@@ -46,6 +46,7 @@ from kvsi.store.model import (
 from kvsi.store.paging import SessionOrder, page_hashes, page_sessions
 from kvsi.store.records import Part, Residency
 from kvsi.store.registry import DynamoInstance
+from kvsi.store.tokens import Edge
 
 EXPIRE_CHUNK = 1_000
 """Residencies `expire_sessions` drops between two yields to the event loop."""
@@ -171,6 +172,8 @@ class MemoryStore:
         for event in batch.events:
             if isinstance(event, EntriesStored):
                 index.store(event, ts)
+                if event.tokens_hashes:
+                    index.link(event)
                 if event.parent_block_hash is None and event.block_hashes:
                     note_first(event.block_hashes[0], key)
             elif isinstance(event, EntriesRemoved):
@@ -466,6 +469,23 @@ class MemoryStore:
             if chosen is None or key in chosen
         }
 
+    async def match_tokens(
+        self, tokens_hashes: list[int], workers: list[WorkerKey]
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        out = {}
+        for key in workers:
+            w = self._workers.get(key)
+            if w is None:
+                continue
+            path = w.index.tokens.walk(tokens_hashes)
+            if path:
+                out[key] = _held_prefix(w, path)
+        return out
+
+    async def token_edges(self, worker: WorkerKey) -> dict[int, Edge]:
+        w = self._workers.get(worker)
+        return {} if w is None else dict(w.index.tokens.edge)
+
     def _holds(self, key: WorkerKey, h: Hash) -> bool:
         w = self._workers.get(key)
         return w is not None and w.index.holds(h)
@@ -503,7 +523,7 @@ def _engine_time(w: _Worker) -> float:
     return fence.last_ts if fence is not None else time.time()
 
 
-def _held_prefix(w: _Worker, hashes: list[Hash]) -> list[tuple[str, ...]]:
+def _held_prefix(w: _Worker, hashes: Sequence[Hash]) -> list[tuple[str, ...]]:
     """Media holding each block of the run of `hashes` the worker holds from the first."""
     parts = [(part.medium, part.holders) for part in w.index.by_pid.values() if part.holders]
     out: list[tuple[str, ...]] = []

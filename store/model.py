@@ -53,6 +53,12 @@ class EntriesStored(msgspec.Struct, frozen=True, gc=False):
     it. Gives the session's frontier its position (`Frontier`)."""
     block_size: int | None = None
     """Tokens per block (every vLLM release publishes it); None: not known."""
+    tokens_hashes: list[int] | None = msgspec.field(default=None, name="kvsi.tokens_hashes")
+    """Dynamo's local hash of each block's tokens (hashing/dynamo.py), first block first; may
+    be shorter than `block_hashes` (a block whose tokens the event lacks has none). Computed
+    by ingest only when the Dynamo API is on; None otherwise. Its encoded name is none a
+    vLLM event has: the ingest decoder, which reads a BlockStored straight into this type,
+    never takes it from the wire."""
 
 
 class EntriesRemoved(msgspec.Struct, frozen=True, gc=False):

@@ -9,6 +9,7 @@ from collections.abc import Collection
 from typing import Final
 
 from kvsi.store.model import Hash
+from kvsi.store.tokens import Edge
 
 
 class Part:
@@ -87,12 +88,14 @@ class Removed:
     entry gone, those no session held, and per session the entries it lost (in order of
     first loss)."""
 
-    __slots__ = ("hashes", "popped")
+    __slots__ = ("hashes", "popped", "unlinked")
 
     def __init__(self, hashes: Collection[Hash], popped: list[Holders | bool]) -> None:
         self.hashes = hashes
         self.popped = popped
         """Each hash's holders as the removal found them; False: not on the worker."""
+        self.unlinked: list[tuple[int, Edge]] = []
+        """Dynamo's edges (store/tokens.py) of the blocks the worker no longer holds."""
 
     def gone(self) -> list[Hash]:
         return [h for h, cur in zip(self.hashes, self.popped, strict=True) if cur is not False]

@@ -79,11 +79,13 @@ class Applier:
         *,
         replay: ReplayClient | None,
         unconfirmed_ttl: float,
+        tokens_hashes: bool = False,
         wake: Callable[[], None],
         wait_out: Callable[[ResourceError], Awaitable[None]],
         resourced: Callable[[], None],
     ) -> None:
-        """`replay`: None without a replay endpoint. `wake`: wakes the applier task (a
+        """`replay`: None without a replay endpoint. `tokens_hashes`: decode stores with
+        Dynamo's hashes of their tokens (`decode.ingest_decoder`). `wake`: wakes the applier task (a
         catch-up is due). `wait_out`, `resourced`: the stream's handling of a resource limit
         on a replay's socket."""
         self.worker = worker
@@ -97,7 +99,7 @@ class Applier:
         """An assumed worker key replaced by the rank a batch named: the status writer
         removes it if nothing was applied under it."""
         self._gate = gate
-        self._decoder = ingest_decoder()
+        self._decoder = ingest_decoder(tokens=tokens_hashes)
         self._replay = replay
         self._unconfirmed_ttl = unconfirmed_ttl
         self._wake = wake

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from kvsi.hashing.dynamo import tokens_hashes
 from kvsi.store.model import (
     EntriesRemoved,
     EntriesStored,
+    Hash,
     StoreEvent,
     WorkerCleared,
     canonical_hash,
@@ -54,6 +57,54 @@ class _IngestBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[_IngestEvent]
     data_parallel_rank: int | None = None
+
+
+class _TokensStored(msgspec.Struct, frozen=True, tag="BlockStored", tag_field="type", gc=False):
+    """BlockStored with what Dynamo's block hash needs (the Dynamo API is on): the token ids
+    and the LoRA name, turned into `EntriesStored.tokens_hashes` by `entries`."""
+
+    block_hashes: list[Hash]
+    medium: str | None = None
+    group_idx: int | None = None
+    session_id: str | None = None
+    parent_block_hash: Hash | None = None
+    block_size: int | None = None
+    token_ids: list[int] = []
+    lora_name: str | None = None
+
+    def entries(self) -> EntriesStored:
+        return EntriesStored(
+            self.block_hashes,
+            self.medium,
+            self.group_idx,
+            self.session_id,
+            self.parent_block_hash,
+            self.block_size,
+            _tokens_hashes(self.token_ids, self.block_size, self.lora_name, self.block_hashes),
+        )
+
+
+_TokensEvent = _TokensStored | _IngestRemoved | _IngestCleared
+
+
+class _TokensBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_TokensEvent]
+    data_parallel_rank: int | None = None
+
+
+def _tokens_hashes(
+    token_ids: list[int], block_size: int | None, lora_name: str | None, blocks: list[Hash]
+) -> list[int] | None:
+    """Dynamo's hash of each block's tokens, as its ZMQ listener computes it from a store:
+    the event's block size, its LoRA name, no salt (the wire has none); blocks past the
+    event's token ids get none. None if there are no tokens or they are not u32."""
+    if not token_ids or not block_size:
+        return None
+    try:
+        return tokens_hashes(token_ids, block_size, lora_name)[: len(blocks)]
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)
@@ -170,8 +221,9 @@ def _classify(item: bytes) -> DropReason:
     return DropReason.MALFORMED_EVENT
 
 
-def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
-    """Positional events: the only ones that can carry signed hashes (before 0.10.2)."""
+def _store_event(event: wire.ArrayKVCacheEvent, *, tokens: bool = False) -> StoreEvent:
+    """Positional events: the only ones that can carry signed hashes (before 0.10.2).
+    `tokens`: with Dynamo's hashes of the blocks' tokens (`_tokens_hashes`)."""
     if isinstance(event, wire.ArrayBlockStored):
         hashes = [canonical_hash(h) for h in event.block_hashes]
         parent = event.parent_block_hash
@@ -181,6 +233,11 @@ def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
             event.group_idx,
             parent_block_hash=None if parent is None else canonical_hash(parent),
             block_size=event.block_size,
+            tokens_hashes=_tokens_hashes(
+                event.token_ids, event.block_size, event.lora_name, event.block_hashes
+            )
+            if tokens
+            else None,
         )
     if isinstance(event, wire.ArrayBlockRemoved):
         hashes = [canonical_hash(h) for h in event.block_hashes]
@@ -188,9 +245,27 @@ def _store_event(event: wire.ArrayKVCacheEvent) -> StoreEvent:
     return WorkerCleared()
 
 
-def ingest_decoder() -> BatchDecoder[StoreEvent]:
-    """Decoder for the hot path: payload -> the store's events, nothing else materialized."""
-    return BatchDecoder(_IngestBatch, _IngestEvent, _store_event)
+def ingest_decoder(*, tokens: bool = False) -> BatchDecoder[StoreEvent]:
+    """Decoder for the hot path: payload -> the store's events, nothing else materialized.
+
+    `tokens` (the Dynamo API is on): stores also carry Dynamo's hashes of their blocks'
+    tokens; the token ids are read and hashed, which the default decoder never does.
+    """
+    if not tokens:
+        return BatchDecoder(_IngestBatch, _IngestEvent, _store_event)
+    return _TokensDecoder()
+
+
+class _TokensDecoder(BatchDecoder[StoreEvent]):
+    """The ingest decoder with Dynamo's tokens hashes: `_TokensStored` -> `EntriesStored`."""
+
+    def __init__(self) -> None:
+        super().__init__(_TokensBatch, _TokensEvent, partial(_store_event, tokens=True))
+
+    def decode(self, payload: bytes) -> Decoded[StoreEvent]:
+        out = super().decode(payload)
+        out.events = [e.entries() if isinstance(e, _TokensStored) else e for e in out.events]
+        return out
 
 
 def wire_decoder() -> BatchDecoder[wire.KVCacheEvent]:

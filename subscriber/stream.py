@@ -71,6 +71,8 @@ class IngestOptions:
     store_retry_max: float = 2.0
     index_audit: float = 5.0
     max_workers: int = 1024
+    tokens_hashes: bool = False
+    """Stores carry Dynamo's hashes of their blocks' tokens (the Dynamo API is on)."""
 
 
 class WorkerStream:
@@ -113,6 +115,7 @@ class WorkerStream:
             self.counters,
             replay=self._replay_client(replay_limit),
             unconfirmed_ttl=self._options.unconfirmed_ttl,
+            tokens_hashes=self._options.tokens_hashes,
             wake=self.inbox.wake,
             wait_out=self._wait_out,
             resourced=self._resourced,

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from kvsi.store.model import U64_MASK, Hash, WorkerKey
 from kvsi.store.records import Part, Residency
+from kvsi.store.tokens import Edge
 
 DEFAULT_PREFIX = "kvsi"
 
@@ -104,7 +105,18 @@ class WorkerKeys:
     and a session id (which may hold braces) only ever comes after them.
     """
 
-    __slots__ = ("base", "feed", "firsts", "meta", "parts", "res", "seen", "vlog", "worker")
+    __slots__ = (
+        "base",
+        "feed",
+        "firsts",
+        "meta",
+        "parts",
+        "res",
+        "seen",
+        "tokens",
+        "vlog",
+        "worker",
+    )
 
     def __init__(self, prefix: str, worker: WorkerKey) -> None:
         if "{" in worker.pod or "}" in worker.pod:
@@ -120,6 +132,8 @@ class WorkerKeys:
         self.firsts = self.base + "f"
         """First blocks its writers asserted in the block directory (a superset of those it
         holds: kept up by the writer's upkeep, read back by a writer's load)."""
+        self.tokens = self.base + "tk"
+        """Dynamo's edges (store/tokens.py): `edge_field` -> the block's member."""
 
     def session(self, pid: int, session_id: str) -> str:
         """The session's entries in one part of the worker (medium, group)."""
@@ -142,6 +156,26 @@ class WorkerKeys:
     def unconfirmed(self, pid: int) -> str:
         """Entries of the part held over an unrepaired gap, not stored again since."""
         return f"{self.base}u:{pid}"
+
+
+def edge_field(edge: Edge) -> str:
+    """`<parent's member, or nothing at a prompt's start>:<tokens hash>`: walk.lua builds
+    the same from the member it found and the next tokens hash."""
+    parent, tokens = edge
+    return f"{'' if parent is None else _signed(parent)}:{tokens}"
+
+
+def _signed(h: int) -> int:
+    return h - _WRAP if h >= _SIGN else h
+
+
+def parse_edge(field: bytes, value: bytes) -> tuple[Edge, int]:
+    """Inverse of `edge_field`, with the block its value names (ints only)."""
+    parent, _, tokens = field.decode().partition(":")
+    block = hash_of(value)
+    if not isinstance(block, int):
+        raise ValueError(f"edge {field!r} names a digest")
+    return (None if not parent else int(parent) & U64_MASK, int(tokens)), block
 
 
 def encode_part(medium: str, group: int) -> str:

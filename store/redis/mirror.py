@@ -40,7 +40,9 @@ from kvsi.store.redis.layout import (
     RedisPart,
     WorkerKeys,
     bucket,
+    edge_field,
     encode_part,
+    member,
     members,
 )
 from kvsi.store.redis.plan import (
@@ -61,6 +63,7 @@ from kvsi.store.redis.plan import (
     Arg,
     Plan,
 )
+from kvsi.store.tokens import Edge
 
 VLOG_LENGTH = 16
 """Versions kept in the worker's log: how far (in batches) a second writer of the same stream
@@ -241,6 +244,8 @@ class Mirror:
         if part.pending:
             self._confirm_in(plan, part, event.block_hashes)
         part, res, added, fresh, adopted = index.store(event, ts)
+        if event.tokens_hashes:
+            self._link_in(plan, event)
         if res is None:
             if added:
                 plan.index(STORE_INDEXED, part.entry_base, members(added), part.orphans_key)
@@ -261,6 +266,19 @@ class Mirror:
                 if fresh:
                     plan.index(INDEX_ADD, part.entry_base, members(fresh))
 
+    def _link_in(self, plan: Plan, event: EntriesStored) -> None:
+        """Dynamo's edges a store adds (store/tokens.py), into the worker's edge hash."""
+        linked = self.index.link(event)
+        if linked:
+            args: list[Arg] = []
+            for h, key in linked:
+                args += (edge_field(key), member(h))
+            plan.call(HSET, self.keys.tokens, args)
+
+    def _unlink_in(self, plan: Plan, unlinked: list[tuple[int, Edge]]) -> None:
+        if unlinked:
+            plan.call(HDEL, self.keys.tokens, [edge_field(key) for _, key in unlinked])
+
     def _confirm_in(self, plan: Plan, part: RedisPart, hashes: list[Hash]) -> None:
         gone = self.index.confirm(part, hashes)
         if gone:
@@ -272,6 +290,7 @@ class Mirror:
         """Removals, grouped per set; a set losing one member (the common case: evicted
         blocks of many sessions) goes in one SREM1 op with the others (two args each)."""
         out = self.index.remove(part, hashes, 1)
+        self._unlink_in(plan, out.unlinked)
         orphans = out.orphans()
         if orphans:
             plan.call(SREM, part.orphans_key, members(orphans))
@@ -307,6 +326,7 @@ class Mirror:
         """What a clear deletes: the emptied residencies' session sets, and every part's
         orphans, unconfirmed entries and entry index."""
         keys = [self._key(res, pid) for res, pids in emptied for pid in pids]
+        keys.append(self.keys.tokens)
         for part in self.index.by_pid.values():
             keys += (part.orphans_key, part.unconfirmed_key)
             keys += part.entry_keys
@@ -336,10 +356,12 @@ class Mirror:
         deletes: list[str] = []
         removals: dict[str, list[Hash]] = {}
         touched: dict[str, MirrorResidency] = {}
+        unlinked: list[tuple[int, Edge]] = []
         for part, pending in index.take_unconfirmed():
             dropped += len(pending)
             deletes.append(part.unconfirmed_key)
             out = index.remove(part, pending, 0)
+            unlinked += out.unlinked
             for h in out.gone():
                 removals.setdefault(part.entry_keys[bucket(h)], []).append(h)
             orphans = out.orphans()
@@ -353,6 +375,7 @@ class Mirror:
             plan.delete(deletes)
         for key, gone in removals.items():
             plan.call(SREM, key, members(gone))
+        self._unlink_in(plan, unlinked)
         if touched:
             self._write_residencies(plan, touched)
         self._feed_in(plan, self._engine_time(), losses=False)

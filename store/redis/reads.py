@@ -55,6 +55,7 @@ from kvsi.store.redis.layout import (
     decode_residency,
     hash_of,
     member,
+    parse_edge,
     parse_worker,
     registry_key,
     residency_time,
@@ -63,6 +64,7 @@ from kvsi.store.redis.layout import (
     worker_member,
 )
 from kvsi.store.redis.plan import MAX_ARGS, Arg
+from kvsi.store.tokens import Edge
 
 Client = Redis | RedisCluster
 
@@ -302,6 +304,7 @@ class RedisReader:
         self._locate_script: AsyncScript = client.register_script(lua("locate"))
         self._losses_script: AsyncScript = client.register_script(lua("losses"))
         self._unhint_script: AsyncScript = client.register_script(lua("unhint"))
+        self._walk_script: AsyncScript = client.register_script(lua("walk"))
         self._block_marked: set[WorkerKey] = set()
         """Workers whose meta says the block directory holds all their first blocks."""
         self._legacy_at = -math.inf
@@ -877,6 +880,33 @@ class RedisReader:
             if w in chosen and matched:
                 out[w] = [tuple(sorted(m.decode() for m in held)) for held in matched]
         return out
+
+    async def match_tokens(
+        self, tokens_hashes: list[int], workers: list[WorkerKey]
+    ) -> dict[WorkerKey, list[tuple[str, ...]]]:
+        """walk.lua per worker (its edge hash), in one pipeline; then `match_prefix` once
+        per distinct path, over the workers that walked it (usually one call: workers
+        holding a prompt hold it under the same engine hashes)."""
+        registry = await self._known_workers()
+        chosen = [w for w in dict.fromkeys(workers) if w in registry]
+        if not tokens_hashes or not chosen:
+            return {}
+        args: list[Arg] = [str(t) for t in tokens_hashes]
+        walks = await self._scripted(
+            self._walk_script, [([self.worker_keys(w).tokens], args) for w in chosen]
+        )
+        paths: dict[tuple[Hash, ...], list[WorkerKey]] = {}
+        for w, found in zip(chosen, walks, strict=True):
+            if found:
+                paths.setdefault(tuple(map(hash_of, found)), []).append(w)
+        out: dict[WorkerKey, list[tuple[str, ...]]] = {}
+        for path, walked in paths.items():
+            out.update(await self.match_prefix(list(path), walked))
+        return out
+
+    async def token_edges(self, worker: WorkerKey) -> dict[int, Edge]:
+        raw = cast(dict[bytes, bytes], await self._client.hgetall(self.worker_keys(worker).tokens))
+        return {h: key for key, h in (parse_edge(f, v) for f, v in raw.items())}
 
     async def _prefix_on_cluster(
         self,

@@ -48,6 +48,7 @@ from kvsi.store.redis.layout import (
     decode_progress,
     decode_residency,
     hash_of,
+    parse_edge,
     residency_time,
     worker_member,
 )
@@ -385,7 +386,8 @@ class RedisStore(RedisReader, RedisInstances):
             pipe.hgetall(keys.parts)
             pipe.hgetall(keys.res)
             pipe.smembers(keys.firsts)
-            meta, parts, residencies, firsts = await pipe.execute()
+            pipe.hgetall(keys.tokens)
+            meta, parts, residencies, firsts, edges = await pipe.execute()
             ver = meta.get(b"ver", b"").decode()
             mirror = Mirror(
                 keys, ver, fence_of(meta), has_status=b"since" in meta, indexed=b"idx" in meta
@@ -418,6 +420,7 @@ class RedisStore(RedisReader, RedisInstances):
             for part in mirror.index.by_pid.values():
                 mirror.index.load_orphans(part, map(hash_of, next(rest)))
                 part.pending = {hash_of(m) for m in next(rest)}
+            mirror.index.tokens.load(parse_edge(f, v) for f, v in edges.items())
             if mirror.registered:
                 await self._directories.loaded(w.asserted, mirror, meta, firsts)
             return mirror

@@ -118,8 +118,8 @@ def environment(objs: tuple[Obj, ...], container: Obj) -> dict[str, str]:
         env |= config_map(objs) if "configMapRef" in source else {}
     fields = {"metadata.name": POD_NAME, "metadata.namespace": NAMESPACE}
     for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
+        if "value" in var:  # a reference to a variable defined before it is expanded
+            env[var["name"]] = expanded([var["value"]], env)[0]
         elif "secretKeyRef" in var["valueFrom"]:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = secret(objs, ref["name"])[ref["key"]]

@@ -193,6 +193,9 @@ def test_the_sidecar_dials_its_own_pods_engine_over_loopback(
     assert publisher.endpoint == f"tcp://127.0.0.1:{port_of(events['endpoint'])}"
     assert publisher.replay_endpoint == f"tcp://127.0.0.1:{port_of(events['replay_endpoint'])}"
     assert events["topic"].startswith(settings.topic)
+    assert events["topic"].split("@") == ["kv", POD_NAME, "Qwen/Qwen3-0.6B"], (
+        "llm-d's scorer parses kv@<pod>@<model>: three parts, the model last"
+    )
     vllm = one(objs, "Deployment", "vllm")["spec"]["template"]
     assert vllm["metadata"]["labels"]["kv-session-index/redis-client"] == "true"
     assert {p["containerPort"] for p in container["ports"]} == {9090}

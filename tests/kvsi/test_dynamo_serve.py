@@ -14,6 +14,7 @@ import httpx
 import zmq
 import zmq.asyncio
 
+from kvsi.hashing.dynamo import tokens_hashes
 from kvsi.serve import run_service
 from kvsi.settings import Settings
 from kvsi.store.model import canonical_hash
@@ -53,7 +54,9 @@ async def test_a_dynamo_client_registers_and_queries_on_its_own_port_and_the_pre
             body = {"instance_id": 7, "endpoint": endpoint, "model_name": "m", "block_size": 4}
             assert (await dynamo.post("/register", json=body)).status_code == 201
 
-            signed = [h - 2**64 if h >= 2**63 else h for h in HASHES]
+            # Dynamo's hashes of the blocks' tokens (`stored` sends 16 zeros per block).
+            dynamo_hashes = tokens_hashes([0] * 16 * len(HASHES), 16)
+            signed = [h - 2**64 if h >= 2**63 else h for h in dynamo_hashes]
             query = {"block_hashes": signed, "model_name": "m"}
 
             batch = payload([stored(HASHES)])

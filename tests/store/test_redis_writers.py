@@ -306,3 +306,29 @@ async def test_expiry_goes_through_the_writers_mirror_and_a_replica_leaves_it_bl
     mirror = writer._writers[A].mirror
     assert mirror is not None
     assert list(mirror.index.residencies) == ["c", "a", "empty"]  # last-store order
+
+
+async def test_a_second_writer_loads_dynamos_edges_and_unlinks_what_it_evicts(
+    make_store: MakeStore,
+) -> None:
+    """A writer taking over a worker (a restart, another replica) loads its Dynamo edges with
+    its mirror: a removal it applies drops the edge from Redis too, and a store links on."""
+    first, second, reader = await make_store(), await make_store(), await make_store()
+    chain = EntriesStored([2**64 - 3, 11], "GPU", tokens_hashes=[101, 2**64 - 1])
+    await first.apply(A, Batch(1, 1.0, [chain]))
+
+    await second.apply(
+        A,
+        Batch(
+            2,
+            2.0,
+            [
+                EntriesRemoved([11], "GPU"),
+                EntriesStored([12], "GPU", parent_block_hash=2**64 - 3, tokens_hashes=[102]),
+            ],
+        ),
+    )
+
+    assert await reader.token_edges(A) == {2**64 - 3: (None, 101), 12: (2**64 - 3, 102)}
+    assert await reader.match_tokens([101, 102], [A]) == {A: [("GPU",), ("GPU",)]}
+    assert await reader.match_tokens([101, 2**64 - 1], [A]) == {A: [("GPU",)]}

@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
-from kvsi import hashing
 from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.errors import describe_validation_errors, http_error_detail
@@ -24,14 +23,15 @@ from kvsi.api.observe import observe
 from kvsi.api.routers.dynamo import routes
 from kvsi.api.routers.dynamo.registry import guarded_door
 from kvsi.api.routers.dynamo.routes import DynamoOptions
+from kvsi.hashing.dynamo import tokens_seed
 from kvsi.store.base import IndexStore
 
 DESCRIPTION = """\
 Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`), answered from the
 kv-session-index: `/query_by_hash`, `/query`, `/workers`, `/register`, `/unregister`, `/dump`,
 `/health`. Scores are matched tokens per instance id and dp_rank; `instances` adds the gpu,
-cpu and disk tiers (cumulative) and `longest_matched`. `block_hashes` are the hashes the
-engines publish (vLLM's), as signed 64-bit ints. Errors are `{"error": "..."}`.
+cpu and disk tiers (cumulative) and `longest_matched`. `block_hashes` are Dynamo's local
+block hashes (each block's tokens hashed), as signed 64-bit ints. Errors are `{"error": "..."}`.
 """
 
 
@@ -44,14 +44,14 @@ def create_dynamo_app(
 ) -> FastAPI:
     """The Dynamo API over `store` (opened and closed by the caller).
 
-    Checks the hashing options at once (an unknown algorithm, xxhash without its package
-    or without a seed), so a misconfiguration stops the service at start, not a query.
+    Checks at once that Dynamo's block hash can be computed (the xxhash package), so a
+    missing package stops the service at start, not a query.
     `tokens`: bearer tokens every endpoint but `/health` requires (none: open). A body over
     `max_body_bytes` is a 413, refused before it is read whole; bodies are JSON whatever
     their Content-Type says. Swagger UI's files are the package's own (fastapi-offline).
     """
     options = options or DynamoOptions()
-    hashing.BlockHasher(algorithm=options.hash_algorithm, hash_seed=options.hash_seed)
+    tokens_seed()
     app = FastAPIOffline(
         title="kv-session-index: Dynamo KV indexer API",
         description=DESCRIPTION,
@@ -75,9 +75,18 @@ def create_dynamo_app(
 
 
 async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
+    """As Dynamo answers: a body of the wrong shape or types (what serde refuses) is a 422;
+    a body that is not JSON, a bad query string, or a value Dynamo's handlers check
+    themselves (an endpoint's scheme, `cache_salt` on `/query_by_hash`: our validators'
+    `value_error`) a 400."""
     assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    shape = all(
+        e["loc"][:1] == ("body",) and e["type"] not in ("json_invalid", "value_error")
+        for e in errors
+    )
     return JSONResponse(
-        status_code=400, content={"error": describe_validation_errors(exc.errors())}
+        status_code=422 if shape else 400, content={"error": describe_validation_errors(errors)}
     )
 
 
@@ -89,7 +98,8 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _document_errors(app: FastAPI) -> None:
-    """Make OpenAPI match the handlers: 400 (never 422), and errors shaped `{"error"}`."""
+    """Make OpenAPI match the handlers: 422 for a body Dynamo's serde would refuse, 400 for
+    the rest, errors shaped `{"error"}`."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -98,7 +108,15 @@ def _document_errors(app: FastAPI) -> None:
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     responses = operation.get("responses", {})
-                    responses.pop("422", None)
+                    if responses.pop("422", None) is not None and "requestBody" in operation:
+                        responses["422"] = {
+                            "description": "A body of the wrong shape or types.",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/DynamoError"}
+                                }
+                            },
+                        }
                     if "401" in responses:
                         responses["401"]["content"] = {
                             "application/json": {

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from kvsi import hashing
 from kvsi.api.routers.dynamo.registry import RegistryDoor, get_door
 from kvsi.api.routers.dynamo.schemas import (
     DumpEntry,
@@ -33,8 +32,10 @@ from kvsi.api.routers.dynamo.schemas import (
 )
 from kvsi.api.routers.dynamo.scores import overlap_answer
 from kvsi.api.schemas import json_response
-from kvsi.store.model import Hash, WorkerKey, WorkerState, WorkerView, canonical_hash
+from kvsi.hashing.dynamo import tokens_hashes
+from kvsi.store.model import U64_MASK, Hash, WorkerKey, WorkerState, WorkerView
 from kvsi.store.registry import DynamoInstance
+from kvsi.store.tokens import Edge
 
 router = APIRouter(tags=["dynamo"])
 probe_router = APIRouter(tags=["dynamo"])
@@ -44,6 +45,9 @@ Door = Annotated[RegistryDoor, Depends(get_door)]
 
 DUMP_TIERS = (("GPU", "device"), ("CPU", "host_pinned"), ("DISK", "disk"))
 """The media `/dump` lists, and the storage tier Dynamo names each."""
+
+DUMP_PAGE = 10_000
+"""Blocks per read of a worker's medium while `/dump` gathers what it holds."""
 
 LISTENER_OF: dict[WorkerState, ListenerStatus] = {
     WorkerState.CONNECTING: "pending",
@@ -59,11 +63,8 @@ STATUS_ORDER: tuple[ListenerStatus, ...] = ("failed", "pending", "active", "paus
 
 @dataclass(frozen=True)
 class DynamoOptions:
-    """How `/query` hashes token ids, and how much `/dump` lists (kvsi.settings.DynamoConfig)."""
+    """How much `/dump` lists (kvsi.settings.DynamoConfig)."""
 
-    hash_algorithm: str = "sha256"
-    hash_seed: str | None = None
-    lora_paths: Mapping[str, str] = field(default_factory=dict)
     dump_limit: int = 10_000
 
 
@@ -86,52 +87,23 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 @router.post("/query_by_hash", response_model=ScoreResponse, responses=_errors(400, 404, 503))
 async def query_by_hash(body: QueryByHashRequest, door: Door) -> Response:
-    """Matched tokens per instance and rank for a prompt's block hashes.
-
-    The hashes are those the engines publish (vLLM's u64, as signed 64-bit ints), not
-    Dynamo's own token hashes: see docs/routers/dynamo.md.
-    """
+    """Matched tokens per instance and rank for a prompt's blocks given by Dynamo's local
+    block hashes (`compute_block_hash_for_seq`: each block's tokens hashed), signed."""
     group = await _registered(door, body.model_name, body.routing_group)
-    hashes: list[Hash] = [canonical_hash(h) for h in body.block_hashes]
-    return json_response(await _overlap(door, group, hashes))
+    tokens = [h & U64_MASK for h in body.block_hashes]
+    return json_response(await _overlap(door, group, tokens))
 
 
 @router.post("/query", response_model=ScoreResponse, responses=_errors(400, 404, 503))
-async def query(body: QueryRequest, door: Door, options: Options) -> Response:
-    """Matched tokens per instance and rank for a prompt's token ids, hashed as the engines
-    hash them (vLLM 0.33, the configured algorithm and seed, the group's block size)."""
+async def query(body: QueryRequest, door: Door) -> Response:
+    """Matched tokens per instance and rank for a prompt's token ids, hashed as Dynamo hashes
+    them (the group's block size, `lora_name`, `cache_salt`; a partial last block ignored)."""
     group = await _registered(door, body.model_name, body.routing_group)
-    lora_path = None
-    if body.lora_name is not None:
-        lora_path = options.lora_paths.get(body.lora_name)
-        if lora_path is None:
-            raise HTTPException(
-                status_code=400,
-                detail=f"lora_name {body.lora_name!r} has no path in the dynamo.lora_paths "
-                "setting (vLLM hashes the adapter's name and path)",
-            )
-    # Up to a million tokens: hashing takes up to a second, off the event loop.
-    hashes = await asyncio.to_thread(_hash_tokens, body, group[0].block_size, options, lora_path)
-    return json_response(await _overlap(door, group, hashes))
-
-
-def _hash_tokens(
-    body: QueryRequest, block_size: int, options: DynamoOptions, lora_path: str | None
-) -> list[Hash]:
-    try:
-        return list(
-            hashing.block_hashes(
-                body.token_ids,
-                block_size=block_size,
-                algorithm=options.hash_algorithm,
-                hash_seed=options.hash_seed,
-                lora_name=body.lora_name,
-                lora_path=lora_path,
-                cache_salt=body.cache_salt,
-            )
-        )
-    except ValueError as exc:
-        raise HTTPException(status_code=400, detail=f"hashing: {exc}") from exc
+    # Up to a million tokens: hashing takes a while, off the event loop.
+    tokens = await asyncio.to_thread(
+        tokens_hashes, body.token_ids, group[0].block_size, body.lora_name, body.cache_salt
+    )
+    return json_response(await _overlap(door, group, tokens))
 
 
 async def _registered(door: RegistryDoor, model: str, group: str) -> list[DynamoInstance]:
@@ -147,9 +119,9 @@ async def _registered(door: RegistryDoor, model: str, group: str) -> list[Dynamo
 
 
 async def _overlap(
-    door: RegistryDoor, group: list[DynamoInstance], hashes: list[Hash]
+    door: RegistryDoor, group: list[DynamoInstance], tokens: list[int]
 ) -> dict[str, Any]:
-    held = await door.match_prefix(hashes, [i.worker for i in group]) if hashes else {}
+    held = await door.match_tokens(tokens, [i.worker for i in group]) if tokens else {}
     return overlap_answer(group, held, group[0].block_size)
 
 
@@ -247,6 +219,14 @@ def _clash(new: DynamoInstance, existing: list[DynamoInstance]) -> str | None:
                 f"instance {new.instance_id} dp_rank {new.dp_rank} is already registered "
                 f"(model {old.model_name!r}, endpoint {old.endpoint}); unregister it first"
             )
+        if old.instance_id == new.instance_id and (old.model_name, old.routing_group) != (
+            new.model_name,
+            new.routing_group,
+        ):
+            return (
+                f"instance {new.instance_id} is already registered for model="
+                f"{old.model_name} routing_group={old.routing_group}"
+            )
         if (old.model_name, old.routing_group) == (new.model_name, new.routing_group) and (
             old.block_size != new.block_size
         ):
@@ -269,8 +249,10 @@ async def unregister(body: UnregisterRequest, door: Door) -> Status:
         for i in await door.instances()
         if i.instance_id == body.instance_id
         and i.model_name == body.model_name
-        and body.routing_group in (None, i.routing_group)
-        and body.dp_rank in (None, i.dp_rank)
+        and (
+            body.routing_group is None  # every group and rank, as Dynamo ignores dp_rank then
+            or (i.routing_group == body.routing_group and body.dp_rank in (None, i.dp_rank))
+        )
     ]
     if not chosen:
         raise HTTPException(
@@ -285,41 +267,80 @@ async def unregister(body: UnregisterRequest, door: Door) -> Status:
 
 @router.get("/dump", response_model=dict[str, DumpEntry], responses=_errors(503))
 async def dump(door: Door, options: Options) -> Response:
-    """Each (model, routing group)'s registered workers' blocks as Dynamo stored events,
-    device, host and disk tiers; at most `dynamo.dump_limit` hashes in all (`truncated`)."""
+    """Each (model, routing group)'s registered workers' blocks as Dynamo stored events: per
+    tier (device, host, disk), one event per block with its parent and its tokens hash, a
+    parent before its children, so a Dynamo indexer recovering from it (`--peers`) builds
+    the same tree. At most `dynamo.dump_limit` blocks in all (`truncated`)."""
     budget = options.dump_limit
     out: dict[str, dict[str, Any]] = {}
     for i in await door.instances():
         key = f"{i.model_name}:{i.routing_group}"
         entry = out.setdefault(key, {"block_size": i.block_size, "events": [], "truncated": False})
+        edges = await door.token_edges(i.worker)
+        order = parent_order(edges)
+        events: list[Any] = entry["events"]
         for medium, tier in DUMP_TIERS:
             if budget == 0:
-                entry["truncated"] = True
+                entry["truncated"] = entry["truncated"] or bool(order)
                 break
-            page = await door.worker_blocks(
-                i.pod, dp_rank=i.dp_rank, medium=medium, limit=budget, cursor=None
-            )
-            if page is None:
+            held = await _held(door, i, medium) if order else set()
+            if held is None:
                 break  # no such worker (yet)
-            budget -= len(page.items)
-            entry["truncated"] = entry["truncated"] or page.next_cursor is not None
-            ints = [h for h in page.items if isinstance(h, int)]
-            if ints:
-                entry["events"].append(_stored(i, tier, ints, len(entry["events"])))
+            for h in order:
+                if h not in held:
+                    continue
+                if budget == 0:
+                    entry["truncated"] = True
+                    break
+                budget -= 1
+                events.append(_stored(i, tier, h, edges[h], len(events)))
     return json_response(out)
 
 
-def _stored(instance: DynamoInstance, tier: str, hashes: list[int], event_id: int) -> Any:
-    """One Dynamo RouterEvent storing `hashes` (no parent: kvsi keeps no chain)."""
-    blocks = [{"block_hash": h, "tokens_hash": h, "mm_extra_info": None} for h in hashes]
+async def _held(door: RegistryDoor, instance: DynamoInstance, medium: str) -> set[Hash] | None:
+    """Every block the instance's worker holds on `medium` (None: no such worker)."""
+    held: set[Hash] = set()
+    cursor = None
+    while True:
+        page = await door.worker_blocks(
+            instance.pod, dp_rank=instance.dp_rank, medium=medium, limit=DUMP_PAGE, cursor=cursor
+        )
+        if page is None:
+            return None
+        held.update(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return held
+
+
+def parent_order(edges: Mapping[int, Edge]) -> list[int]:
+    """The blocks of `edges`, each after its parent (by depth from a prompt's start, a block
+    whose parent has no edge counting as a start), then by hash."""
+    depth: dict[int, int] = {}
+    for h in edges:
+        chain: dict[int, None] = {}
+        cur: int | None = h
+        while cur is not None and cur in edges and cur not in depth and cur not in chain:
+            chain[cur] = None
+            cur = edges[cur][0]
+        base = depth.get(cur, -1) if cur is not None else -1
+        for n, block in enumerate(reversed(chain), start=base + 1):
+            depth[block] = n
+    return sorted(edges, key=lambda h: (depth[h], h))
+
+
+def _stored(instance: DynamoInstance, tier: str, block: int, edge: Edge, event_id: int) -> Any:
+    """One Dynamo RouterEvent storing `block` under its parent, keyed by its tokens hash."""
+    parent, tokens = edge
+    stored = {
+        "parent_hash": parent,
+        "start_position": None,
+        "blocks": [{"block_hash": block, "tokens_hash": tokens, "mm_extra_info": None}],
+    }
     return {
         "worker_id": instance.instance_id,
         "storage_tier": tier,
-        "event": {
-            "event_id": event_id,
-            "data": {"stored": {"parent_hash": None, "start_position": None, "blocks": blocks}},
-            "dp_rank": instance.dp_rank,
-        },
+        "event": {"event_id": event_id, "data": {"stored": stored}, "dp_rank": instance.dp_rank},
     }
 
 

@@ -2,17 +2,17 @@
 
 Imports neither zmq nor subscriber/. Field names, defaults and nesting follow ai-dynamo/dynamo's
 standalone indexer (`lib/kv-router/src/standalone_indexer/server.rs` and its documentation
-page); recorded examples in tests/fixtures/dynamo/. Dynamo's legacy inputs (`tenant_id`,
-`additional_salt`) are accepted and ignored as Dynamo does; any other unknown field is a 400.
+page); recorded examples in tests/fixtures/dynamo/. Unknown fields are ignored, as serde
+ignores them upstream (`tenant_id` and `additional_salt` are named: documented, unused).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, Strict, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, field_validator
 
-from kvsi.api.params import POD_PATTERN, BodyModel, QueryParams
+from kvsi.api.params import POD_PATTERN
 from kvsi.store.endpoints import zmq_endpoint
 
 DEFAULT_ROUTING_GROUP = "default"
@@ -23,7 +23,8 @@ MAX_TOKENS = 1_048_576
 MAX_NAME = 256
 MAX_ENDPOINT = 1_024
 MAX_INSTANCE_ID = 2**64 - 1
-MAX_DP_RANK = 1_023
+MAX_DP_RANK = 2**32 - 1
+"""Dynamo's dp_rank is a u32."""
 
 
 SignedHash = Annotated[int, Strict(), Field(ge=-(2**63), le=2**64 - 1)]
@@ -31,14 +32,17 @@ SignedHash = Annotated[int, Strict(), Field(ge=-(2**63), le=2**64 - 1)]
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 InstanceId = Annotated[int, Strict(), Field(ge=0, le=MAX_INSTANCE_ID)]
 DpRank = Annotated[int, Strict(), Field(ge=0, le=MAX_DP_RANK)]
-ModelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-RoutingGroup = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+ModelName = Annotated[str, Field(max_length=MAX_NAME)]
+RoutingGroup = Annotated[str, Field(max_length=MAX_NAME)]
+"""Any string, the empty one too, as Dynamo takes them."""
 
 _IGNORED = "Accepted for compatibility and ignored, as Dynamo does."
 
 
-class _Body(BodyModel):
-    """A request body: a field Dynamo does not define is an error, not silently dropped."""
+class _Body(BaseModel):
+    """A request body: a field Dynamo does not define is ignored, as Dynamo's serde does."""
+
+    model_config = ConfigDict(extra="ignore")
 
     tenant_id: str | None = Field(default=None, max_length=MAX_NAME, description=_IGNORED)
 
@@ -48,12 +52,12 @@ def _zmq_endpoint(value: str | None) -> str | None:
 
 
 class QueryByHashRequest(_Body):
-    """`POST /query_by_hash`: a prompt's block hashes as its engine published them."""
+    """`POST /query_by_hash`: a prompt's blocks by Dynamo's local block hashes."""
 
     block_hashes: list[SignedHash] = Field(
         max_length=MAX_HASHES,
-        description="The prompt's block hashes, first block first, as signed 64-bit ints "
-        "(vLLM's unsigned hash reinterpreted; the unsigned value is accepted too).",
+        description="Dynamo's local hash of each block's tokens (`compute_block_hash_for_seq`), "
+        "first block first, as signed 64-bit ints (the unsigned value is accepted too).",
     )
     model_name: ModelName
     routing_group: RoutingGroup = DEFAULT_ROUTING_GROUP
@@ -74,19 +78,20 @@ class QueryByHashRequest(_Body):
 
 
 class QueryRequest(_Body):
-    """`POST /query`: a prompt's token ids, hashed here as the engines hash them."""
+    """`POST /query`: a prompt's token ids, hashed here as Dynamo hashes them."""
 
     token_ids: list[TokenId] = Field(max_length=MAX_TOKENS)
     model_name: ModelName
     routing_group: RoutingGroup = DEFAULT_ROUTING_GROUP
     lora_name: str | None = Field(
         default=None,
-        min_length=1,
         max_length=MAX_NAME,
-        description="LoRA adapter; its path must be configured (`dynamo.lora_paths`).",
+        description="LoRA adapter name, mixed into the blocks' hashes as Dynamo mixes it.",
     )
     cache_salt: str | None = Field(
-        default=None, max_length=MAX_ENDPOINT, description="The request's cache salt."
+        default=None,
+        max_length=MAX_ENDPOINT,
+        description="The request's cache salt, mixed into the blocks' hashes as Dynamo does.",
     )
 
 
@@ -132,8 +137,11 @@ class UnregisterRequest(_Body):
     dp_rank: DpRank | None = None
 
 
-class WorkersQuery(QueryParams):
-    """`GET /workers` filters, each independent."""
+class WorkersQuery(BaseModel):
+    """`GET /workers` filters, each independent; other parameters are ignored, as Dynamo
+    ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
 
     model_name: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
     routing_group: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
@@ -186,13 +194,13 @@ class WorkerInfo(BaseModel):
 
 
 class StoredBlock(BaseModel):
-    block_hash: int
-    tokens_hash: int = Field(description="The hash /query_by_hash matches: block_hash here.")
+    block_hash: int = Field(description="The engine's block hash.")
+    tokens_hash: int = Field(description="Dynamo's hash of the block's tokens.")
     mm_extra_info: None = None
 
 
 class StoredData(BaseModel):
-    parent_hash: None = Field(default=None, description="Not kept by kvsi: always null.")
+    parent_hash: int | None = Field(description="The block before it; null: a prompt's start.")
     start_position: None = None
     blocks: list[StoredBlock]
 

@@ -61,15 +61,20 @@ def overlap_answer(
     block_size: int,
 ) -> dict[str, Any]:
     """The body of `/query` and `/query_by_hash` for these registrations (one model and
-    group), ordered by instance id then rank. Every registered rank is listed, 0 included,
-    as Dynamo's documentation shows it; `frequencies` stays empty (see the module doc)."""
+    group), ordered by instance id then rank. Only what matched is listed, as Dynamo lists
+    it: `scores` the ranks matching on the device tier, `instances` the instances matching
+    on any tier, their `dp` each rank matching on any tier (0 if not on the device).
+    `frequencies` stays empty (see the module doc)."""
     scores: dict[str, dict[str, int]] = {}
     per_instance: dict[str, dict[str, Any]] = {}
     for instance in instances:
         r = reach(held.get(instance.worker, ()))
+        if not r.disk:
+            continue
         iid, rank = str(instance.instance_id), str(instance.dp_rank)
-        scores.setdefault(iid, {})[rank] = r.gpu * block_size
         line = per_instance.setdefault(iid, {"gpu": 0, "dp": {}, "cpu": 0, "disk": 0})
+        if r.gpu:
+            scores.setdefault(iid, {})[rank] = r.gpu * block_size
         line["dp"][rank] = r.gpu * block_size
         line["gpu"] = max(line["gpu"], r.gpu * block_size)
         line["cpu"] = max(line["cpu"], r.cpu * block_size)
