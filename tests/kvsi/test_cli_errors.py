@@ -222,7 +222,7 @@ def test_an_unknown_name_in_the_config_file_lists_the_valid_ones(tmp_path: Path)
     config = tmp_path / "kvsi.toml"
     config.write_text('prot = 8000\n[dynamo]\nprefixx = "/x"\n')
     result = run([*KVSI, "serve", "--config", str(config)])
-    assert_one_line(result, "setting prot: unknown; valid here: access_log, api, api_require_token,")
+    assert_one_line(result, "setting prot: unknown; valid here: access_log, api, api_require")
     assert "setting dynamo.prefixx: unknown; valid here: dump_limit," in result.stderr
 
 
