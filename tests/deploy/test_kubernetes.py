@@ -268,8 +268,12 @@ def test_the_engines_keep_every_port_they_had_but_the_zmq_ones(overlay: str) -> 
         assert ANYWHERE in sources(policies, 53, protocol), protocol
 
 
+EVENT_READERS = [{"podSelector": {"matchLabels": {"kv-session-index/event-reader": "true"}}}]
+"""Another consumer of the engines' events (llm-d's scorer): the pods labelled so, only."""
+
+
 @pytest.mark.parametrize("overlay", ["sidecar", "external-redis"])
-def test_no_other_pod_reaches_the_engines_wildcard_zmq_ports_in_sidecar_mode(
+def test_only_labelled_event_readers_reach_the_engines_wildcard_zmq_ports_in_sidecar_mode(
     overlay: str,
 ) -> None:
     objs = rendered(overlay)
@@ -277,16 +281,18 @@ def test_no_other_pod_reaches_the_engines_wildcard_zmq_ports_in_sidecar_mode(
     ports = zmq_ports(objs)
     assert {5557, 5657} <= ports
     for port in sorted(ports):
-        assert sources(policies, port) == [], port
+        assert sources(policies, port) == [EVENT_READERS], port
     assert sources(policies, 9090) == [NAMESPACE_AND_MONITORING], "the sidecar's metrics"
 
 
 def test_a_cluster_with_its_own_policies_gets_only_kvsis_port_added() -> None:
     """With the catch-all rule dropped (deploy/README.md), the sidecar's policy only adds its
-    metrics port, from the Prometheus namespace the cluster names."""
+    metrics port, from the Prometheus namespace the cluster names, and the ZMQ ports for the
+    pods labelled event readers."""
     objs = kustomized(Path(__file__).parent / "kustomize" / "strict-cluster")
     (policy,) = engine_policies(objs)
-    ((rule),) = policy["spec"]["ingress"]
+    rule, readers = policy["spec"]["ingress"]
+    assert readers["from"] == EVENT_READERS
     assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
     (_, monitoring) = rule["from"]
     assert monitoring["namespaceSelector"]["matchLabels"] == {
@@ -328,8 +334,9 @@ def test_central_mode_discovers_the_vllm_pods_with_the_rbac_it_needs(
     policies = engine_policies(objs)
     for port in sorted(zmq_ports(objs)):
         (allowed,) = sources(policies, port)
-        (source,) = allowed  # type: ignore[misc]
+        source, *others = allowed  # type: ignore[misc]
         assert selects(source["podSelector"]["matchLabels"], central["metadata"]["labels"])
+        assert others == EVENT_READERS, "no other pod but the labelled event readers"
     for port in (discovery.events_port, discovery.replay_port):
         assert port in zmq_ports(objs)
 
