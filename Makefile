@@ -76,7 +76,8 @@ clean:
 # The interop tier (tests/interop): real vLLM 0.33 code on the CPU, in its own virtualenv
 # inside .venv (ignored like it) so `make test` stays light. vLLM and xgrammar install
 # without their dependencies (CUDA builds, several GB); the `vllm` group brings what the code
-# under test imports, with the CPU build of torch.
+# under test imports, with the CPU build of torch. Its Dynamo test runs Dynamo's indexer from
+# .venv/peers.
 INTEROP_VENV ?= $(VENV)/interop
 INTEROP_BIN := $(INTEROP_VENV)/bin
 
@@ -88,5 +89,5 @@ $(INTEROP_BIN)/.installed: pyproject.toml
 	touch $@
 
 .PHONY: interop
-interop: $(INTEROP_BIN)/.installed
+interop: $(INTEROP_BIN)/.installed $(PEERS_BIN)/.installed
 	KVSI_INTEROP=1 $(INTEROP_BIN)/pytest -m interop tests/interop

@@ -1,6 +1,7 @@
 """Dynamo's own standalone indexer (`python -m dynamo.indexer`, ai-dynamo-runtime 1.6.1) as a
 process of the peers virtualenv (`make .venv/peers/bin/.installed`), for the tests that hold
-kvsi's Dynamo API to it.
+kvsi's Dynamo API to it (tests/peers, and the interop tier with vLLM's own publishers), and
+the requests both answer alike (`Asker`).
 
 Without that virtualenv the tests skip, unless CI is set: then they fail (CI must not pass
 by skipping the peer). `KVSI_PEERS_PYTHON` names another interpreter that has the wheel.
@@ -12,11 +13,15 @@ import asyncio
 import os
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from kvsi.hashing.dynamo import tokens_hashes
 from tests.ports import free_port
 
 ROOT = Path(__file__).parents[2]
@@ -82,3 +87,88 @@ class DynamoIndexer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def recovered(indexer: DynamoIndexer) -> Any:
+    """A check for `until`: the indexer logged its recovery from a peer."""
+
+    async def check() -> bool:
+        return "recovery from peer succeeded" in indexer.output()
+
+    return check
+
+
+@dataclass(frozen=True)
+class Asker:
+    """The same `/query` and `/query_by_hash` requests to any indexer serving Dynamo's API,
+    for one model and block size; answers in a canonical form to compare."""
+
+    client: httpx.AsyncClient
+    model: str
+    block_size: int
+
+    async def register(self, base: str, instance_id: int, dp_rank: int, endpoint: str) -> None:
+        body = {
+            "instance_id": instance_id,
+            "dp_rank": dp_rank,
+            "endpoint": endpoint,
+            "model_name": self.model,
+            "block_size": self.block_size,
+        }
+        answer = await self.client.post(f"{base}/register", json=body)
+        assert answer.status_code == 201, answer.text
+
+    async def query(self, base: str, tokens: Sequence[int]) -> dict[str, Any]:
+        body = {"token_ids": list(tokens), "model_name": self.model}
+        answer = await self.client.post(f"{base}/query", json=body)
+        assert answer.status_code == 200, answer.text
+        return canonical(answer.json())
+
+    async def query_by_hash(self, base: str, tokens: Sequence[int]) -> dict[str, Any]:
+        """Dynamo's own block hashes of `tokens` (signed, as its clients send them)."""
+        hashes = tokens_hashes(list(tokens), self.block_size)
+        signed = [h - 2**64 if h >= 2**63 else h for h in hashes]
+        body = {"block_hashes": signed, "model_name": self.model}
+        answer = await self.client.post(f"{base}/query_by_hash", json=body)
+        assert answer.status_code == 200, answer.text
+        return canonical(answer.json())
+
+    async def answers(self, bases: Sequence[str], tokens: Sequence[int]) -> list[dict[str, Any]]:
+        return [await self.query(base, tokens) for base in bases]
+
+    async def agreed(self, bases: Sequence[str], tokens: Sequence[int]) -> bool:
+        """Every indexer holds part of `tokens`, and all answer alike."""
+        got = await self.answers(bases, tokens)
+        return bool(got[0]["instances"]) and all(a == got[0] for a in got)
+
+    async def empty(self, bases: Sequence[str], tokens: Sequence[int]) -> bool:
+        return not any(a["instances"] for a in await self.answers(bases, tokens))
+
+    async def compare(
+        self, left: str, right: str, prompts: Sequence[Sequence[int]]
+    ) -> tuple[list[str], int]:
+        """Prompts whose answers differ (shown), and how many `/query`s matched something."""
+        diffs: list[str] = []
+        matched = 0
+        for chunk in range(0, len(prompts), 50):
+            batch = prompts[chunk : chunk + 50]
+            for ask in (self.query, self.query_by_hash):
+                got = await asyncio.gather(*(ask(base, p) for p in batch for base in (left, right)))
+                for i, prompt in enumerate(batch):
+                    a, b = got[2 * i], got[2 * i + 1]
+                    matched += bool(a["instances"]) and ask == self.query
+                    if a != b:
+                        diffs.append(f"{ask.__name__} {len(prompt)} tokens: {a} against {b}")
+        return diffs, matched
+
+
+def canonical(body: dict[str, Any]) -> dict[str, Any]:
+    """An answer with its maps' order dropped (Dynamo's are Rust HashMaps)."""
+    return {
+        "scores": {k: dict(sorted(v.items())) for k, v in sorted(body["scores"].items())},
+        "frequencies": body["frequencies"],
+        "instances": {
+            k: v | {"dp": dict(sorted(v["dp"].items()))}
+            for k, v in sorted(body["instances"].items())
+        },
+    }

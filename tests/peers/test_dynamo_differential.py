@@ -19,16 +19,14 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from kvsi.hashing.dynamo import tokens_hashes
 from kvsi.simulator.publisher import SimulatedPublisher
 from kvsi.subscriber.wire import AllBlocksCleared
 from tests.e2e.services import services
-from tests.peers.dynamo import DynamoIndexer
+from tests.peers.dynamo import Asker, DynamoIndexer, recovered
 from tests.peers.traffic import BLOCK_SIZE, OffloadingEngine, Prompts
 from tests.waiting import until
 
@@ -73,50 +71,7 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-async def _register(client: httpx.AsyncClient, base: str, ranks: list[Rank]) -> None:
-    for rank in ranks:
-        body = {
-            "instance_id": rank.instance_id,
-            "dp_rank": rank.dp_rank,
-            "endpoint": rank.publisher.endpoint,
-            "model_name": MODEL,
-            "block_size": BLOCK_SIZE,
-        }
-        answer = await client.post(f"{base}/register", json=body)
-        assert answer.status_code == 201, answer.text
-
-
-async def _query(client: httpx.AsyncClient, base: str, tokens: list[int]) -> dict[str, Any]:
-    answer = await client.post(f"{base}/query", json={"token_ids": tokens, "model_name": MODEL})
-    assert answer.status_code == 200, answer.text
-    return _canonical(answer.json())
-
-
-async def _query_by_hash(client: httpx.AsyncClient, base: str, tokens: list[int]) -> dict[str, Any]:
-    signed = [h - 2**64 if h >= 2**63 else h for h in tokens_hashes(tokens, BLOCK_SIZE)]
-    body = {"block_hashes": signed, "model_name": MODEL}
-    answer = await client.post(f"{base}/query_by_hash", json=body)
-    assert answer.status_code == 200, answer.text
-    return _canonical(answer.json())
-
-
-def _canonical(body: dict[str, Any]) -> dict[str, Any]:
-    """The answer with its maps' order dropped (Dynamo's are Rust HashMaps)."""
-    return {
-        "scores": {k: dict(sorted(v.items())) for k, v in sorted(body["scores"].items())},
-        "frequencies": body["frequencies"],
-        "instances": {
-            k: v | {"dp": dict(sorted(v["dp"].items()))}
-            for k, v in sorted(body["instances"].items())
-        },
-    }
-
-
-async def _answers(client: httpx.AsyncClient, bases: list[str], tokens: list[int]) -> list[Any]:
-    return [await _query(client, base, tokens) for base in bases]
-
-
-async def _subscribed(client: httpx.AsyncClient, bases: list[str], rank: Rank) -> None:
+async def _subscribed(ask: Asker, bases: list[str], rank: Rank) -> None:
     """Until every indexer in `bases` has joined the rank's stream (a ZMQ SUB joins late and
     misses what came before): probe prompts, one after the other, until all hold one; then
     the rank's cache is cleared (AllBlocksCleared), so both start the traffic empty."""
@@ -125,51 +80,22 @@ async def _subscribed(client: httpx.AsyncClient, bases: list[str], rank: Rank) -
         tokens = [attempt + 60_000, *probe]
         await rank.publisher.publish(OffloadingEngine(8, 8).run(tokens))
         for _ in range(10):
-            answers = await _answers(client, bases, tokens)
+            answers = await ask.answers(bases, tokens)
             if all(a["instances"] for a in answers):
                 await rank.publisher.publish([AllBlocksCleared()])
-                await until(partial(_empty, client, bases, tokens), 10.0, f"{rank} cleared")
+                await until(partial(ask.empty, bases, tokens), 10.0, f"{rank} cleared")
                 return
             await asyncio.sleep(0.05)
     raise AssertionError(f"{rank}: not subscribed everywhere: {answers}")
 
 
-async def _empty(client: httpx.AsyncClient, bases: list[str], tokens: list[int]) -> bool:
-    return not any(a["instances"] for a in await _answers(client, bases, tokens))
-
-
-async def _caught_up(client: httpx.AsyncClient, bases: list[str], ranks: list[Rank]) -> None:
+async def _caught_up(ask: Asker, bases: list[str], ranks: list[Rank]) -> None:
     """Every indexer applied every event published so far: a last store on each rank, the
     same answer everywhere."""
     for rank in ranks:
         tokens = [70_000 + rank.instance_id, rank.dp_rank, *range(2 * BLOCK_SIZE - 2)]
         await rank.publisher.publish(rank.engine.run(tokens))
-        await until(partial(_agreed, client, bases, tokens), 20.0, f"{rank} caught up")
-
-
-async def _agreed(client: httpx.AsyncClient, bases: list[str], tokens: list[int]) -> bool:
-    answers = await _answers(client, bases, tokens)
-    return bool(answers[0]["instances"]) and all(a == answers[0] for a in answers)
-
-
-async def _compare(
-    client: httpx.AsyncClient, left: str, right: str, prompts: list[list[int]]
-) -> tuple[list[str], int]:
-    """Prompts whose answers differ (shown), and how many matched something."""
-    diffs: list[str] = []
-    matched = 0
-    for chunk in range(0, len(prompts), 50):
-        batch = prompts[chunk : chunk + 50]
-        for ask in (_query, _query_by_hash):
-            got = await asyncio.gather(
-                *(ask(client, base, p) for p in batch for base in (left, right))
-            )
-            for i, prompt in enumerate(batch):
-                a, b = got[2 * i], got[2 * i + 1]
-                matched += bool(a["instances"]) and ask is _query
-                if a != b:
-                    diffs.append(f"{ask.__name__} {len(prompt)} tokens: kvsi {a} dynamo {b}")
-    return diffs, matched
+        await until(partial(ask.agreed, bases, tokens), 20.0, f"{rank} caught up")
 
 
 async def _drive(ranks: list[Rank], prompts: Prompts, rng: random.Random) -> None:
@@ -188,37 +114,34 @@ async def test_kvsi_answers_as_dynamos_indexer_before_and_after_recovery_from_it
     rng = random.Random(15)
     prompts = Prompts(rng)
     async with services() as run, httpx.AsyncClient(timeout=30.0) as client:
+        ask = Asker(client, MODEL, BLOCK_SIZE)
         dynamo = DynamoIndexer(peer, workdir, "dynamo", "--threads", "2")
-        recovered: DynamoIndexer | None = None
+        again: DynamoIndexer | None = None
         try:
             kvsi = run.start("kvsi", store_url, None, env={"KVSI_DYNAMO_API": "true"})
             kvsi_base = f"{await kvsi.serving()}/dynamo"
             await dynamo.serving(client)
-            await _register(client, kvsi_base, ranks)
-            await _register(client, dynamo.url, ranks)
+            for base in (kvsi_base, dynamo.url):
+                for rank in ranks:
+                    await ask.register(
+                        base, rank.instance_id, rank.dp_rank, rank.publisher.endpoint
+                    )
             for rank in ranks:
-                await _subscribed(client, [kvsi_base, dynamo.url], rank)
+                await _subscribed(ask, [kvsi_base, dynamo.url], rank)
 
             await _drive(ranks, prompts, rng)
-            await _caught_up(client, [kvsi_base, dynamo.url], ranks)
+            await _caught_up(ask, [kvsi_base, dynamo.url], ranks)
             asked = [prompts.query() for _ in range(PROMPTS)]
-            diffs, matched = await _compare(client, kvsi_base, dynamo.url, asked)
-            assert not diffs, f"{len(diffs)} differ:\n" + "\n".join(diffs[:10])
+            diffs, matched = await ask.compare(kvsi_base, dynamo.url, asked)
+            assert not diffs, f"{len(diffs)} differ (kvsi, Dynamo):\n" + "\n".join(diffs[:10])
             assert matched > PROMPTS // 3  # the prompts do exercise the index
 
-            recovered = DynamoIndexer(peer, workdir, "recovered", "--peers", kvsi_base)
-            await recovered.serving(client)
-            await until(_recovered(recovered), 30.0, "recovery from kvsi", context=recovered.output)
-            diffs, _ = await _compare(client, kvsi_base, recovered.url, asked)
+            again = DynamoIndexer(peer, workdir, "recovered", "--peers", kvsi_base)
+            await again.serving(client)
+            await until(recovered(again), 30.0, "recovery from kvsi", context=again.output)
+            diffs, _ = await ask.compare(kvsi_base, again.url, asked)
             assert not diffs, f"{len(diffs)} differ after recovery:\n" + "\n".join(diffs[:10])
         finally:
             dynamo.stop()
-            if recovered is not None:
-                recovered.stop()
-
-
-def _recovered(indexer: DynamoIndexer) -> Any:
-    async def check() -> bool:
-        return "recovery from peer succeeded" in indexer.output()
-
-    return check
+            if again is not None:
+                again.stop()
