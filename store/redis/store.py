@@ -74,6 +74,10 @@ ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))
 used) runs once more on a new one: without it, every connection pooled before an outage
 fails one read after Redis is back. A timeout is not retried (a slow Redis stays slow)."""
 
+LOAD_SETS = 128
+"""Sets one members.lua call reads when a writer loads a worker: few calls for a worker of
+many sessions, and Redis never busy long with one (a set is a session's blocks on a part)."""
+
 POOL_SIZE = 64
 """Connections per standalone client unless the URL says `max_connections`. Beyond them a
 caller waits for one (up to POOL_WAIT seconds) instead of failing: a fleet of streams and a
@@ -184,6 +188,7 @@ class RedisStore(RedisReader, RedisInstances):
         else:
             self._apply_call = self._direct
         self._expire_script: AsyncScript = client.register_script(lua("expire"))
+        self._members_script: AsyncScript = client.register_script(lua("members"))
         self._directories = Directories(
             client,
             self._prefix,
@@ -376,8 +381,9 @@ class RedisStore(RedisReader, RedisInstances):
     async def _load(self, w: _Writer) -> Mirror:
         """Read the worker's whole index into a new Mirror; again if it changed meanwhile.
 
-        Cost: O(worker entries), two pipelined round trips; once per worker and process,
-        and again only after another writer took over, or an error.
+        Cost: O(worker entries): a pipeline, then the sets through members.lua (calls at
+        once) and the version again; once per worker and process, and again only after
+        another writer took over, or an error.
         """
         keys = w.keys
         for _ in range(WRITE_ATTEMPTS):
@@ -398,25 +404,24 @@ class RedisStore(RedisReader, RedisInstances):
                 self._registry.add(w.worker)  # reads here see what this process writes
             for pid, raw in parts.items():
                 mirror.index.add_part(int(pid), *decode_part(raw))
-            pipe = self._pipeline()
+            sets: list[str] = []
             held = []
             # Oldest first: the mirror keeps residencies in last-store order (expiry).
             for sid, raw in sorted(residencies.items(), key=lambda kv: residency_time(kv[1])):
                 t, counts = decode_residency(raw)
                 res = mirror.add_residency(sid.decode(), t, decode_progress(raw))
                 for pid in counts:
-                    pipe.smembers(keys.session(pid, res.session_id))
+                    sets.append(keys.session(pid, res.session_id))
                     held.append((mirror.index.by_pid[pid], res))
             for part in mirror.index.by_pid.values():
-                pipe.smembers(part.orphans_key)
-                pipe.smembers(part.unconfirmed_key)
-            pipe.hget(keys.meta, "ver")
-            out = await pipe.execute()
-            if (out[-1] or b"").decode() != ver:
+                sets += (part.orphans_key, part.unconfirmed_key)
+            out = await self._members(sets)
+            # Every write changes the version: the same one after every read, no write between.
+            if ((await self._client.hget(keys.meta, "ver")) or b"") != ver.encode():
                 continue
             for (part, res), members in zip(held, out[: len(held)], strict=True):
                 mirror.index.load(part, res, map(hash_of, members))
-            rest = iter(out[len(held) : -1])
+            rest = iter(out[len(held) :])
             for part in mirror.index.by_pid.values():
                 mirror.index.load_orphans(part, map(hash_of, next(rest)))
                 part.pending = {hash_of(m) for m in next(rest)}
@@ -425,6 +430,13 @@ class RedisStore(RedisReader, RedisInstances):
                 await self._directories.loaded(w.asserted, mirror, meta, firsts)
             return mirror
         raise RuntimeError(f"worker {w.worker}: changed on every attempt to load it")
+
+    async def _members(self, sets: list[str]) -> list[list[bytes]]:
+        """The members of every set of one worker, in order: members.lua over LOAD_SETS
+        sets a call, the calls at once (one reply each, not one command per set)."""
+        chunks = [sets[i : i + LOAD_SETS] for i in range(0, len(sets), LOAD_SETS)]
+        replies = await asyncio.gather(*(self._members_script(keys=c) for c in chunks))
+        return [members for reply in replies for members in reply]
 
     def _writer(self, worker: WorkerKey) -> _Writer:
         w = self._writers.get(worker)
