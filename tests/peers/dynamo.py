@@ -23,6 +23,7 @@ import pytest
 
 from kvsi.hashing.dynamo import tokens_hashes
 from tests.ports import free_port
+from tests.waiting import until
 
 ROOT = Path(__file__).parents[2]
 PEERS_PYTHON = Path(
@@ -172,3 +173,22 @@ def canonical(body: dict[str, Any]) -> dict[str, Any]:
             for k, v in sorted(body["instances"].items())
         },
     }
+
+
+async def answers_alike_before_and_after_recovery(
+    ask: Asker, python: Path, workdir: Path, kvsi: str, dynamo: str, asked: list[list[int]]
+) -> int:
+    """Assert that kvsi (base `kvsi`) and Dynamo's indexer (`dynamo`) answer every prompt
+    alike, and so does a fresh Dynamo indexer recovered from kvsi's `/dump` (`--peers`);
+    returns how many `/query`s matched something."""
+    diffs, matched = await ask.compare(kvsi, dynamo, asked)
+    assert not diffs, f"{len(diffs)} differ (kvsi, Dynamo):\n" + "\n".join(diffs[:10])
+    again = DynamoIndexer(python, workdir, "recovered", "--peers", kvsi)
+    try:
+        await again.serving(ask.client)
+        await until(recovered(again), 30.0, "recovery from kvsi", context=again.output)
+        diffs, _ = await ask.compare(kvsi, again.url, asked)
+        assert not diffs, f"{len(diffs)} differ after recovery:\n" + "\n".join(diffs[:10])
+    finally:
+        again.stop()
+    return matched
