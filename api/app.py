@@ -25,7 +25,7 @@ from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.direct import DirectRoutes
 from kvsi.api.errors import install_error_handlers
 from kvsi.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
-from kvsi.api.observe import RequestIds, observe, route_of
+from kvsi.api.observe import NO_NATIVE_TELEMETRY, RequestIds, observe, route_of
 from kvsi.api.reader import guarded_reader
 from kvsi.api.routers.llm_d import routes as llm_d_routes
 from kvsi.api.routers.llm_d.hints import HintOptions
@@ -109,6 +109,7 @@ def create_app(
         root_path=root_path,
         docs_url="/docs",
         redoc_url=None,
+        telemetry=NO_NATIVE_TELEMETRY,
     )
     app.state.store = store
     app.state.reader = guarded_reader(store)
@@ -170,7 +171,12 @@ def create_probe_app(
 ) -> FastAPI:
     """Only /healthz, /readyz and /metrics: what an ingest-only process serves, so the
     kubelet can probe it and Prometheus can scrape its ingest metrics."""
-    app = FastAPI(title="kv-session-index (ingest)", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="kv-session-index (ingest)",
+        docs_url=None,
+        redoc_url=None,
+        telemetry=NO_NATIVE_TELEMETRY,
+    )
     app.state.readiness = readiness
     app.state.readiness_timeout = readiness_timeout
     app.add_middleware(RequestMetrics)

@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 import structlog
+from fastapi.telemetry import TelemetryConfig
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,6 +29,12 @@ it goes into every log line and the response, so it must not forge either."""
 _ID_KEY = "kvsi.request_id"
 """Where the request's id waits in the ASGI scope (a mounted app sees its parent's)."""
 _TRACED_KEY = "kvsi.traced"
+
+NO_NATIVE_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's own OpenTelemetry off, for every app: a request's span is kvsi's (`Spans`), on
+the provider the OTEL_* variables configure. FastAPI's would add a second server span (and
+spans of its own) under any global provider, e.g. auto-instrumentation's, and checks for
+one on every request."""
 
 
 def route_of(scope: Scope) -> str:

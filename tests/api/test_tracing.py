@@ -5,7 +5,11 @@ in-memory exporter; off, no span middleware at all."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import structlog
@@ -125,3 +129,47 @@ async def test_the_request_id_is_taken_or_made_echoed_and_in_every_log_line(
     lines = [line for line in logs if line["event"] == "http.request"]
     assert lines and all(line["request_id"] == echoed for line in lines)
     assert structlog.contextvars.get_contextvars().get("request_id") is None, "unbound after"
+
+
+GLOBAL_PROVIDER = """
+import asyncio, json, httpx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from kvsi.api import create_app
+from kvsi.api.app import create_probe_app
+from kvsi.api.routers.dynamo import create_dynamo_app
+from kvsi.store.memory import MemoryStore
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+async def main():
+    store = MemoryStore()
+    for app, path in [(create_app(store), "/v1/sessions/nope"), (create_app(store), "/healthz"),
+                      (create_probe_app(), "/healthz"), (create_dynamo_app(store), "/health")]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get(path)).status_code in (200, 404)
+    print(json.dumps([s.name for s in exporter.get_finished_spans()]))
+
+asyncio.run(main())
+"""
+
+
+def test_fastapis_own_telemetry_adds_no_span_under_a_global_provider() -> None:
+    """Auto-instrumentation sets a global tracer provider: FastAPI's native telemetry would
+    then trace every request a second time (its own server span, dependency and endpoint
+    spans) beside kvsi's. A process of its own: a global provider cannot be unset."""
+    done = subprocess.run(
+        [sys.executable, "-c", GLOBAL_PROVIDER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"KVSI_LOG_LEVEL": "warning"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.errors import describe_validation_errors, http_error_detail
-from kvsi.api.observe import observe
+from kvsi.api.observe import NO_NATIVE_TELEMETRY, observe
 from kvsi.api.routers.dynamo import routes
 from kvsi.api.routers.dynamo.registry import guarded_door
 from kvsi.api.routers.dynamo.routes import DynamoOptions
@@ -57,6 +57,7 @@ def create_dynamo_app(
         description=DESCRIPTION,
         docs_url="/docs",
         redoc_url=None,
+        telemetry=NO_NATIVE_TELEMETRY,
     )
     app.state.door = guarded_door(store)
     app.state.dynamo_options = options
