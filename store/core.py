@@ -122,6 +122,15 @@ class WorkerIndex(Generic[P, R]):
         """Whether any part holds the entry `h`."""
         return any(h in part.holders for part in self.by_pid.values())
 
+    def missing(self, hashes: Iterable[Hash]) -> set[Hash]:
+        """Those of `hashes` no part holds: set differences (C loops), not a lookup each."""
+        left = set(hashes)
+        for part in self.by_pid.values():
+            if not left:
+                break
+            left = left.difference(part.holders)
+        return left
+
     def unconfirmed(self) -> int:
         return sum(len(p.pending) for p in self.by_pid.values())
 

@@ -160,12 +160,11 @@ class Directories:
         """After a writer loaded the worker: its first blocks asserted again (those no
         longer held dropped from its `firsts` set), and, for a worker from before the
         directory (meta without `dir`), every residency asserted and the mark set."""
-        held = mirror.index.holds
         known = [hash_of(m) for m in firsts]
+        gone = mirror.index.missing(known)
         state.firsts = {}
         sessions = [] if DIRECTORY_MARK.encode() in meta else list(mirror.index.residencies)
-        await self.write(state, Due(sessions, [h for h in known if held(h)]), time.time())
-        gone = [h for h in known if not held(h)]
+        await self.write(state, Due(sessions, [h for h in known if h not in gone]), time.time())
         if gone:
             await self._client.srem(state.key.firsts, *members(gone))
         if DIRECTORY_MARK.encode() not in meta:
@@ -190,9 +189,8 @@ class Directories:
         holds leave its `firsts` set (their entries are pruned by reads or expire), those
         asserted half a TTL ago are asserted again (a block a prompt keeps hitting is never
         stored again). O(its first blocks)."""
-        held = mirror.index.holds
         refresh = now - DIRECTORY_TTL / 2
-        gone = [h for h in state.firsts if not held(h)]
+        gone = mirror.index.missing(state.firsts)
         for h in gone:
             del state.firsts[h]
         if gone:
