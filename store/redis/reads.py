@@ -63,6 +63,7 @@ from kvsi.store.redis.layout import (
     states_key,
     worker_member,
 )
+from kvsi.store.redis.node_reads import WITH_SCORES, Command, NodeReads
 from kvsi.store.redis.plan import MAX_ARGS, Arg
 from kvsi.store.tokens import Edge
 
@@ -300,6 +301,8 @@ class RedisReader:
         self._reads = _ReadConnections(client) if isinstance(client, Redis) else None
         """A standalone server answers a prefix match or a session lookup over every worker
         in one script call; a cluster's workers span slots (one call or command per worker)."""
+        self._nodes = NodeReads(client) if isinstance(client, RedisCluster) else None
+        """The per-request reads' rounds on a cluster (`_batch`)."""
         self._prefix_script: AsyncScript = client.register_script(lua("prefix"))
         self._locate_script: AsyncScript = client.register_script(lua("locate"))
         self._losses_script: AsyncScript = client.register_script(lua("losses"))
@@ -366,6 +369,21 @@ class RedisReader:
     def _pipeline(self) -> Any:
         return self._client.pipeline(transaction=False)
 
+    async def _batch(self, commands: Sequence[Command], raise_on_error: bool = True) -> list[Any]:
+        """The replies of `commands`, one round trip per node: on a cluster by `NodeReads`
+        (the client's pipeline when it cannot: an error, a redirection), else the pipeline.
+        With `raise_on_error` false an error reply is returned in its place."""
+        if not commands:
+            return []
+        if self._nodes is not None:
+            out = await self._nodes.run(commands)
+            if out is not None:
+                return out
+        pipe = self._pipeline()
+        for _, args, options in commands:
+            pipe.execute_command(*args, **options)
+        return cast(list[Any], await pipe.execute(raise_on_error=raise_on_error))
+
     async def fence(self, worker: WorkerKey) -> Fence | None:
         """Read from Redis (not a mirror): another replica may have advanced it. O(1)."""
         fields = list(META_FENCE)
@@ -411,16 +429,18 @@ class RedisReader:
         key = hint_key(self._prefix, session_id)
         if self._reads is not None:
             return await self._locate_in_one_call(self._reads, key, session_id, prune)
-        pipe = self._pipeline()
-        pipe.zscore(self._retired_key, session_id)
-        pipe.zrange(key, 0, -1, withscores=True)
-        retired, hinted = await pipe.execute()
-        pipe = self._pipeline()
+        retired, hinted = await self._batch(
+            [
+                (self._retired_key, ("ZSCORE", self._retired_key, session_id), {}),
+                (key, ("ZRANGE", key, 0, -1, "WITHSCORES"), WITH_SCORES),
+            ]
+        )
+        reads: list[Command] = []
         for raw, _ in hinted:
             keys = self.worker_keys(parse_worker(raw))
-            pipe.hget(keys.res, session_id)
-            pipe.hgetall(keys.parts)
-        out = await pipe.execute() if hinted else []
+            reads.append((keys.res, ("HGET", keys.res, session_id), {}))
+            reads.append((keys.parts, ("HGETALL", keys.parts), {}))
+        out = await self._batch(reads)
         seen = [-float(retired)] if retired is not None else []
         located = []
         stale = []
@@ -754,12 +774,12 @@ class RedisReader:
         worker, one pipeline."""
         if not workers:
             return {}
-        pipe = self._pipeline()
+        reads: list[Command] = []
         for w in workers:
             meta = self.worker_keys(w).meta
-            pipe.exists(meta)
-            pipe.hget(meta, name)
-        out = await pipe.execute()
+            reads.append((meta, ("EXISTS", meta), {}))
+            reads.append((meta, ("HGET", meta, name), {}))
+        out = await self._batch(reads)
         return {
             w: value
             for w, exists, value in zip(workers, out[0::2], out[1::2], strict=True)
@@ -919,9 +939,11 @@ class RedisReader:
         """`match_prefix` on a cluster: the candidates from the set, then prefix.lua per
         candidate (its keys share its slot), then unhint.lua for the set's stale entries.
         The replies flattened as prefix.lua's (`worker, matched, ...`)."""
-        named = cast(
-            list[tuple[bytes, float]], await self._client.zrange(directory, 0, -1, withscores=True)
-        )
+        named: list[tuple[bytes, float]] = (
+            await self._batch(
+                [(directory, ("ZRANGE", directory, 0, -1, "WITHSCORES"), WITH_SCORES)]
+            )
+        )[0]
         scores = {parse_worker(raw): score for raw, score in named}
         candidates = list(dict.fromkeys([*(w for w in scores if w in chosen), *legacy]))
         head: list[Arg] = [self._prefix, prune, "0"]
@@ -953,10 +975,8 @@ class RedisReader:
         unknown = self._legacy
         now = time.monotonic()
         if unknown and now - self._legacy_at >= self._registry_ttl:
-            pipe = self._pipeline()
-            for w in unknown:
-                pipe.hget(self.worker_keys(w).meta, BLOCK_DIRECTORY_MARK)
-            marks = await pipe.execute()
+            metas = [self.worker_keys(w).meta for w in unknown]
+            marks = await self._batch([(m, ("HGET", m, BLOCK_DIRECTORY_MARK), {}) for m in metas])
             self._block_marked.update(w for w, mark in zip(unknown, marks, strict=True) if mark)
             self._legacy_at = now
             self._legacy = unknown = tuple(w for w in unknown if w not in self._block_marked)
@@ -968,12 +988,15 @@ class RedisReader:
         """EVALSHAs of `script` (KEYS, ARGV each) in one pipeline; again after loading the
         script if a node lacks it (restarted, or a failover). Other errors propagate."""
         for attempt in range(2):
-            pipe = self._pipeline()
-            for keys, args in calls:
-                # execute_command: the cluster pipeline blocks its evalsha helper; EVALSHA
-                # itself is routed by its first key, as redis-py special-cases it.
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            # EVALSHA, not the pipeline's evalsha helper (the cluster pipeline blocks it):
+            # routed by its first key, as redis-py special-cases it.
+            replies = await self._batch(
+                [
+                    (keys[0], ("EVALSHA", script.sha, len(keys), *keys, *args), {})
+                    for keys, args in calls
+                ],
+                raise_on_error=False,
+            )
             missing = any(isinstance(r, NoScriptError) for r in replies)
             if missing and not attempt:
                 script.sha = await self._client.script_load(script.script)
