@@ -57,6 +57,15 @@ class NodeReads:
         self.fallbacks = 0
         """Calls this path left to the client (tests and profiles read it)."""
 
+    def same_node(self, a: str, b: str) -> bool:
+        """Whether the client's slot map names one node for both keys (False without one)."""
+        slots = self._client.nodes_manager.slots_cache
+        try:
+            first = slots[key_slot(self._encode(a))][0]  # type: ignore[no-untyped-call]
+            return bool(first.name == slots[key_slot(self._encode(b))][0].name)  # type: ignore[no-untyped-call]
+        except (KeyError, IndexError):
+            return False
+
     async def run(self, commands: Sequence[Command]) -> list[Any] | None:
         """The replies of `commands` in order, or None when the client must run them."""
         client = self._client

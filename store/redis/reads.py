@@ -422,25 +422,30 @@ class RedisReader:
         """The session's last_seen and its residency per worker holding a record of it, with
         the parts hash of those holding blocks; None if never seen. Only the workers the
         session's directory set names are read (`directory.py`), pruning the entries it no
-        longer needs. On a cluster: ZSCORE of the retired record and the directory set in one
-        pipeline, then HGET of the residency and HGETALL of the parts hash per named worker
-        in another."""
+        longer needs. On a cluster two rounds (`_batch`): ZRANGE of the directory set, then
+        HGET of the residency and HGETALL of the parts hash per named worker; ZSCORE of the
+        retired record in the first if the directory's node serves it, else in the second."""
         prune = time.time() - SAFE_SECONDS
         key = hint_key(self._prefix, session_id)
         if self._reads is not None:
             return await self._locate_in_one_call(self._reads, key, session_id, prune)
-        retired, hinted = await self._batch(
-            [
-                (self._retired_key, ("ZSCORE", self._retired_key, session_id), {}),
-                (key, ("ZRANGE", key, 0, -1, "WITHSCORES"), WITH_SCORES),
-            ]
-        )
+        retired_read: Command = (self._retired_key, ("ZSCORE", self._retired_key, session_id), {})
+        # The retired record goes with the directory when one node serves both, else with
+        # the workers' reads (a worker's node may serve it): on a node of its own it costs
+        # a write and a read either way.
+        early = self._nodes is None or self._nodes.same_node(self._retired_key, key)
+        directory: Command = (key, ("ZRANGE", key, 0, -1, "WITHSCORES"), WITH_SCORES)
+        first = await self._batch([retired_read, directory] if early else [directory])
+        hinted = first[-1]
         reads: list[Command] = []
         for raw, _ in hinted:
             keys = self.worker_keys(parse_worker(raw))
             reads.append((keys.res, ("HGET", keys.res, session_id), {}))
             reads.append((keys.parts, ("HGETALL", keys.parts), {}))
+        if not early:
+            reads.append(retired_read)
         out = await self._batch(reads)
+        retired = first[0] if early else out.pop()
         seen = [-float(retired)] if retired is not None else []
         located = []
         stale = []
