@@ -78,24 +78,30 @@ def publish_main(args: argparse.Namespace) -> None:
     )
 
     pods: list[str] = args.pods.split(",")
-    ports = [int(p) for p in args.ports.split(",")]
     publishers = []
-    for i, pod in enumerate(pods):
+    bound = []
+    for pod in pods:
+        # tcp://*:0: vLLM binds a free port on VLLM_HOST_IP (loopback here) and says which.
         config = KVEventsConfig(
             enable_kv_cache_events=True,
             publisher="zmq",
-            endpoint=f"tcp://*:{ports[2 * i]}",
-            replay_endpoint=f"tcp://*:{ports[2 * i + 1]}",
+            endpoint="tcp://*:0",
+            replay_endpoint="tcp://*:0",
             topic=f"kv@{pod}@model",
         )
-        publishers.append(EventPublisherFactory.create(config, 0))
+        publisher = EventPublisherFactory.create(config, 0)
+        publishers.append(publisher)
+        used = publisher.get_publisher_config()
+        bound.append(
+            {"pod": pod, "endpoint": used.endpoint, "replay_endpoint": used.replay_endpoint}
+        )
     per_store = args.batch_events // 2
     tokens = list(range(per_store * BLOCK_SIZE))
     next_hash = [(n + 1) << 40 for n in range(len(pods))]
     held: list[list[int]] = [[] for _ in pods]
     last: list[dict[int, int]] = [{} for _ in pods]
     interval = 1.0 / args.batch_rate
-    print("ready", flush=True)
+    print("ready " + json.dumps(bound), flush=True)
     go = Path(args.go)
     while not go.exists():
         time.sleep(0.01)
@@ -202,21 +208,11 @@ async def ready(client: httpx.AsyncClient) -> None:
 
 async def one_run(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     pods = [f"pod-{i}" for i in range(args.workers)]
-    ports = [free_port() for _ in range(2 * args.workers)]
-    specs = [
-        {
-            "pod": pod,
-            "endpoint": f"tcp://127.0.0.1:{ports[2 * i]}",
-            "replay_endpoint": f"tcp://127.0.0.1:{ports[2 * i + 1]}",
-        }
-        for i, pod in enumerate(pods)
-    ]
     batch_rate = args.rate / (args.workers * args.batch_events)
     seconds = WARMUP_SECONDS + args.seconds
     go = Path(tempfile.mkdtemp(prefix="freshness-")) / "go"
     http = free_port()
     serve = [sys.executable, "-m", "kvsi", "serve", "--port", str(http), "--store", url]
-    env = {"KVSI_PUBLISHERS": json.dumps(specs), "PYTHONPATH": str(REPO)}
     with contextlib.ExitStack() as stack:
         # The publishers first: once they are bound, kvsi serve's outgoing connections
         # cannot take one of their ports.
@@ -226,18 +222,26 @@ async def one_run(kind: str, url: str, args: argparse.Namespace) -> dict[str, An
             argv = [
                 sys.executable, __file__, "publish",
                 "--pods", ",".join(pods[i] for i in mine),
-                "--ports", ",".join(f"{ports[2 * i]},{ports[2 * i + 1]}" for i in mine),
                 "--batch-rate", repr(batch_rate), "--batch-events", str(args.batch_events),
                 "--go", str(go), "--seconds", repr(seconds),
             ]  # fmt: skip
-            children.append(stack.enter_context(background(argv, {}, "freshness-pub-")))
+            loopback = {"VLLM_HOST_IP": "127.0.0.1"}
+            children.append(stack.enter_context(background(argv, loopback, "freshness-pub-")))
         deadline = time.monotonic() + 120
-        while not all("ready" in log.read_text() for _, log in children):
+        while not all("ready " in log.read_text() for _, log in children):
             if time.monotonic() > deadline or any(c.poll() is not None for c, _ in children):
                 for _, log in children:
                     print(log.read_text()[-2000:], file=sys.stderr)
                 raise RuntimeError("publisher processes did not start")
             await asyncio.sleep(0.1)
+        specs = [
+            spec
+            for _, log in children
+            for line in log.read_text().splitlines()
+            if line.startswith("ready ")
+            for spec in json.loads(line[6:])
+        ]
+        env = {"KVSI_PUBLISHERS": json.dumps(specs), "PYTHONPATH": str(REPO)}
         proc, serve_log = stack.enter_context(background(serve, env, "freshness-serve-"))
         seen: dict[str, tuple[float, float]] = {}
         stop = asyncio.Event()
@@ -299,7 +303,6 @@ def main() -> None:
         parser = argparse.ArgumentParser()
         parser.add_argument("mode")
         parser.add_argument("--pods", required=True)
-        parser.add_argument("--ports", required=True)
         parser.add_argument("--batch-rate", type=float, required=True)
         parser.add_argument("--batch-events", type=int, required=True)
         parser.add_argument("--go", required=True, help="a file that will hold the start time")
