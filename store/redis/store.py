@@ -232,6 +232,16 @@ class RedisStore(RedisReader, RedisInstances):
     async def apply(
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
     ) -> ApplyOutcome:
+        """One EVALSHA per batch in the steady state (see `_apply`); this process's feed
+        pump, if any, reads the worker's stream at once after it (`FeedPump.written`)."""
+        try:
+            return await self._apply(worker, batch, expect)
+        finally:
+            self._feed_written(worker)
+
+    async def _apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
         """One EVALSHA per batch in the steady state (see the module docstring).
 
         A writer without a mirror first asks with a write-less call: a replica that trails
@@ -274,7 +284,10 @@ class RedisStore(RedisReader, RedisInstances):
             async with w.lock:
                 mirror = w.mirror
                 if mirror is not None and _all_applied(mirror, batches):
-                    outcomes = await self._apply_group(w, mirror, batches, expect)
+                    try:
+                        outcomes = await self._apply_group(w, mirror, batches, expect)
+                    finally:
+                        self._feed_written(worker)
                     if outcomes is not None:
                         return outcomes
         return [await self.apply(worker, batch, expect) for batch in batches]
@@ -521,6 +534,7 @@ class RedisStore(RedisReader, RedisInstances):
             ),
         )
         if changed:  # after the status: a reader that sees the count reads the new state
+            self._feed_written(worker)
             await self._client.incr(self._states_key)
         if self._registry is not None:
             self._registry.add(worker)
