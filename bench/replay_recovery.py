@@ -20,11 +20,14 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import msgspec
 import redis
 from ingest_memory import agentic, block_events
 from ingest_redis import redis_server
@@ -44,8 +47,10 @@ from tests.redis_servers import RedisClusterServers  # noqa: E402
 WORKER = WorkerKey("bench", 0)
 
 
-async def recover(store: IndexStore, payloads: list[bytes]) -> float:
-    """Seconds from the stream's start to the last buffered batch applied."""
+@contextlib.asynccontextmanager
+async def buffered_inline(payloads: list[bytes]) -> AsyncIterator[PublisherSpec]:
+    """A publisher in this process (its replay served by this event loop), all of `payloads`
+    published and buffered."""
     publisher = SimulatedPublisher(
         "tcp://127.0.0.1:*",
         replay_endpoint="tcp://127.0.0.1:*",
@@ -56,21 +61,49 @@ async def recover(store: IndexStore, payloads: list[bytes]) -> float:
     try:
         for payload in payloads:
             await publisher.publish_payload(payload)
-        spec = PublisherSpec(WORKER.pod, publisher.endpoint, publisher.replay_endpoint)
-        pool = StreamPool([spec], store)
-        started = time.perf_counter()
-        await pool.start()
-        try:
-            last = len(payloads) - 1
-            while True:
-                fence = await store.fence(WORKER)
-                if fence is not None and fence.seq == last:
-                    return time.perf_counter() - started
-                await asyncio.sleep(0.01)
-        finally:
-            await pool.stop()
+        yield PublisherSpec(WORKER.pod, publisher.endpoint, publisher.replay_endpoint)
     finally:
         await publisher.close()
+
+
+@contextlib.asynccontextmanager
+async def buffered_apart(saved: Path) -> AsyncIterator[PublisherSpec]:
+    """A publisher in a process of its own (as an engine's is), all of the payloads saved
+    in `saved` published and buffered."""
+    argv = [sys.executable, __file__, "publish", str(saved)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # noqa: ASYNC220
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        endpoint, replay = line.decode().split()
+        yield PublisherSpec(WORKER.pod, endpoint, replay)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def publish_apart(saved: Path) -> None:
+    """The child of `buffered_apart`: publish, say where, serve replays until terminated."""
+    payloads: list[bytes] = msgspec.msgpack.decode(saved.read_bytes())  # noqa: ASYNC240
+    async with buffered_inline(payloads) as spec:
+        print(spec.endpoint, spec.replay_endpoint, flush=True)
+        await asyncio.Event().wait()
+
+
+async def recover(store: IndexStore, spec: PublisherSpec, batches: int) -> float:
+    """Seconds from the stream's start to the last buffered batch applied."""
+    pool = StreamPool([spec], store)
+    started = time.perf_counter()
+    await pool.start()
+    try:
+        last = batches - 1
+        while True:
+            fence = await store.fence(WORKER)
+            if fence is not None and fence.seq == last:
+                return time.perf_counter() - started
+            await asyncio.sleep(0.01)
+    finally:
+        await pool.stop()
 
 
 def _server_stats(ports: list[int]) -> tuple[float, float, int]:
@@ -95,7 +128,12 @@ def _reset(ports: list[int]) -> None:
 
 
 async def run_store(
-    name: str, url: str | None, ports: list[int], payloads: list[bytes], runs: int
+    name: str,
+    url: str | None,
+    ports: list[int],
+    payloads: list[bytes],
+    runs: int,
+    saved: Path | None,
 ) -> list[float]:
     seconds = []
     for _ in range(runs):
@@ -103,7 +141,12 @@ async def run_store(
         cpu_before = _server_stats(ports)[0] if ports else 0.0
         store: IndexStore = MemoryStore() if url is None else RedisStore.from_url(url)
         try:
-            seconds.append(await recover(store, payloads))
+            if saved is None:
+                async with buffered_inline(payloads) as spec:
+                    seconds.append(await recover(store, spec, len(payloads)))
+            else:
+                async with buffered_apart(saved) as spec:
+                    seconds.append(await recover(store, spec, len(payloads)))
         finally:
             await store.close()
         line = f"{name:<7} {seconds[-1]:7.2f} s"
@@ -133,24 +176,37 @@ def redis_of(kind: str) -> Iterator[tuple[str, list[int]]]:
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "publish":
+        asyncio.run(publish_apart(Path(sys.argv[2])))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--redis", choices=["standalone", "cluster", "both"], default="both")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory store")
+    parser.add_argument(
+        "--publisher",
+        choices=["apart", "inline"],
+        default="apart",
+        help="the publisher in a process of its own (as an engine's), or in this one",
+    )
     args = parser.parse_args()
     payloads = agentic(args.batches, args.seed)
     events = block_events(payloads)
-    print(f"{args.batches:,} buffered batches, {events:,} block-events")
+    print(f"{args.batches:,} buffered batches, {events:,} block-events, publisher {args.publisher}")
+    saved: Path | None = None
+    if args.publisher == "apart":
+        saved = Path(tempfile.mkdtemp(prefix="replay-recovery-")) / "payloads.msgpack"
+        saved.write_bytes(msgspec.msgpack.encode(payloads))
     results = {}
     if not args.no_memory:
-        results["memory"] = asyncio.run(run_store("memory", None, [], payloads, args.runs))
+        results["memory"] = asyncio.run(run_store("memory", None, [], payloads, args.runs, saved))
     kinds = ["standalone", "cluster"] if args.redis == "both" else [args.redis]
     for kind in kinds:
         name = "redis" if kind == "standalone" else "cluster"
         with redis_of(kind) as (url, ports):
-            results[name] = asyncio.run(run_store(name, url, ports, payloads, args.runs))
+            results[name] = asyncio.run(run_store(name, url, ports, payloads, args.runs, saved))
     for name, seconds in results.items():
         median = statistics.median(seconds)
         print(f"median {name:<7} {median:7.2f} s  {events / median:12,.0f} block-events/s")
