@@ -2,8 +2,9 @@
 `publish` to the batch's change showing in `GET /v1/watch`, at a fixed block-event rate?
 
 Run: `.venv/interop/bin/python bench/freshness.py [--store redis,cluster,memory]
-[--rate 100000] [--workers 16] [--processes 4] [--batch-events 64] [--seconds 20]` (see
-bench/README.md; the interop virtualenv has vLLM 0.33: `make .venv/interop/bin/.installed`).
+[--rate 100000] [--workers 16] [--processes 4] [--batch-events 64] [--seconds 20]
+[--trees A,B]` (see bench/README.md; the interop virtualenv has vLLM 0.33: `make
+.venv/interop/bin/.installed`).
 
 Per store, over loopback TCP:
 
@@ -206,7 +207,7 @@ async def ready(client: httpx.AsyncClient) -> None:
     raise TimeoutError("kvsi serve did not become ready")
 
 
-async def one_run(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
+async def one_run(kind: str, url: str, tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     pods = [f"pod-{i}" for i in range(args.workers)]
     batch_rate = args.rate / (args.workers * args.batch_events)
     seconds = WARMUP_SECONDS + args.seconds
@@ -241,7 +242,7 @@ async def one_run(kind: str, url: str, args: argparse.Namespace) -> dict[str, An
             if line.startswith("ready ")
             for spec in json.loads(line[6:])
         ]
-        env = {"KVSI_PUBLISHERS": json.dumps(specs), "PYTHONPATH": str(REPO)}
+        env = {"KVSI_PUBLISHERS": json.dumps(specs), "PYTHONPATH": str(tree)}
         proc, serve_log = stack.enter_context(background(serve, env, "freshness-serve-"))
         seen: dict[str, tuple[float, float]] = {}
         stop = asyncio.Event()
@@ -281,6 +282,7 @@ async def one_run(kind: str, url: str, args: argparse.Namespace) -> dict[str, An
     published = batch_rate * args.workers * args.seconds
     return {
         "store": kind,
+        "tree": tree.name,
         "offered": sum(reached) * args.batch_events,
         "records": len(inside),
         "published": published,
@@ -316,21 +318,29 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--batch-events", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--trees",
+        default=str(REPO),
+        help="comma-separated source trees: kvsi serve from each in turn, per store",
+    )
     args = parser.parse_args()
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
     print(f"load average at start {os.getloadavg()}", flush=True)
     print(
-        "store | offered block-events/s | records / batches | p50 ms | p99 ms | max ms | "
+        "store | tree | offered block-events/s | records / batches | p50 ms | p99 ms | max ms | "
         "kvsi serve cores | notes"
     )
     for kind in args.store.split(","):
-        with store_url(kind) as url:
-            r = asyncio.run(one_run(kind, url, args))
-        print(
-            f"{r['store']} | {r['offered']:,.0f} | {r['records']:,} / {r['published']:,.0f} | "
-            f"{r['p50'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | {r['max'] * 1e3:.1f} | "
-            f"{r['cores']:.2f} | {r['notes']}",
-            flush=True,
-        )
+        for tree in trees:
+            with store_url(kind) as url:
+                r = asyncio.run(one_run(kind, url, tree, args))
+            print(
+                f"{r['store']} | {r['tree']} | {r['offered']:,.0f} | "
+                f"{r['records']:,} / {r['published']:,.0f} | "
+                f"{r['p50'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | {r['max'] * 1e3:.1f} | "
+                f"{r['cores']:.2f} | {r['notes']}",
+                flush=True,
+            )
     print(f"load average at end {os.getloadavg()}", flush=True)
 
 
