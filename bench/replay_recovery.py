@@ -74,8 +74,12 @@ async def buffered_apart(saved: Path) -> AsyncIterator[PublisherSpec]:
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # noqa: ASYNC220
     try:
         assert proc.stdout is not None
-        line = await asyncio.to_thread(proc.stdout.readline)
-        endpoint, replay = line.decode().split()
+        line = b""
+        while not line.startswith(b"publishing "):  # past the child's log lines
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if not line:
+                raise RuntimeError("the publisher process ended before it published")
+        _, endpoint, replay = line.decode().split()
         yield PublisherSpec(WORKER.pod, endpoint, replay)
     finally:
         proc.terminate()
@@ -86,7 +90,7 @@ async def publish_apart(saved: Path) -> None:
     """The child of `buffered_apart`: publish, say where, serve replays until terminated."""
     payloads: list[bytes] = msgspec.msgpack.decode(saved.read_bytes())  # noqa: ASYNC240
     async with buffered_inline(payloads) as spec:
-        print(spec.endpoint, spec.replay_endpoint, flush=True)
+        print("publishing", spec.endpoint, spec.replay_endpoint, flush=True)
         await asyncio.Event().wait()
 
 
