@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
-from kvsi.store.core import WorkerIndex
+from kvsi.store.core import WorkerIndex, merged_removals
 from kvsi.store.feed import FeedHub, FeedRecord, WorkerChange
 from kvsi.store.first_blocks import FirstBlocks
 from kvsi.store.model import (
@@ -169,7 +169,7 @@ class MemoryStore:
         ts = batch.ts
         note_first = self._firsts.note
         key = w.key
-        for event in batch.events:
+        for event in merged_removals(batch.events):
             if isinstance(event, EntriesStored):
                 index.store(event, ts)
                 if event.tokens_hashes:

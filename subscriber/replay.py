@@ -22,6 +22,13 @@ from kvsi.subscriber.sockets import socket_failure
 
 log = structlog.get_logger(__name__)
 
+_NOBLOCK = int(zmq.NOBLOCK)
+"""A plain int: pyzmq's flag enum would be combined and converted again on every read."""
+
+YIELD_EVERY = 64
+"""Replies read without waiting between two turns given back to the event loop: a long
+replay whose batches are already here must not hold the other streams and the API."""
+
 Deliver = Callable[[int, bytes], Awaitable[bool]]
 """Takes one replayed batch (seq, payload) in seq order; False stops the replay early."""
 
@@ -132,18 +139,31 @@ class ReplayClient:
         # lose replies whenever applying is slower than the network. The publisher's replay
         # buffer (vLLM's buffer_steps) bounds what one request can return.
         sock.setsockopt(zmq.RCVHWM, 0)
+        # Replies already here are read with NOBLOCK on a plain shadow of the socket (no
+        # Future, no timer each); only when none is waiting does the read wait, timed.
+        recv_now = zmq.Socket.shadow(sock.underlying).recv_multipart
         try:
             sock.connect(self.endpoint)
             await sock.send_multipart(replay_request(expected))
             first = True
+            unyielded = 0
             while True:
                 try:
-                    async with asyncio.timeout(self._timeout):
-                        frames = await sock.recv_multipart()
-                except TimeoutError:
-                    raise _AttemptFailedError(
-                        "timeout", f"no reply within {self._timeout:g}s after seq {expected - 1}"
-                    ) from None
+                    frames = recv_now(_NOBLOCK)
+                    unyielded += 1
+                    if unyielded >= YIELD_EVERY:
+                        unyielded = 0
+                        await asyncio.sleep(0)
+                except zmq.Again:
+                    unyielded = 0
+                    try:
+                        async with asyncio.timeout(self._timeout):
+                            frames = await sock.recv_multipart()
+                    except TimeoutError:
+                        raise _AttemptFailedError(
+                            "timeout",
+                            f"no reply within {self._timeout:g}s after seq {expected - 1}",
+                        ) from None
                 parsed = parse_reply(frames)
                 if isinstance(parsed, ReplayEnd):
                     return

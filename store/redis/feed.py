@@ -27,10 +27,16 @@ from kvsi.store.model import WorkerKey
 log = structlog.get_logger(__name__)
 
 POLL_SECONDS = 0.05
-"""Pause between polling rounds that found nothing (cluster, or blocking reads off)."""
+"""Pause between polling rounds that found nothing (cluster, or blocking reads off): how late
+a record another process wrote reaches the hub, at most (plus a round trip). A record this
+process wrote wakes the pump at once (`FeedPump.written`)."""
 
 READ_COUNT = 500
 """Records read per stream per round; a full round is followed by another at once."""
+
+WAKE_GAP_SECONDS = 0.002
+"""Least time between two reads woken by this process's writes: the writes of a busy
+process's streams in that time are read in one pipeline, not one each."""
 
 BLOCK_MS = 250
 """XREAD BLOCK time on a standalone server (capped below the client's socket timeout): how
@@ -71,8 +77,12 @@ class FeedPump:
     Standalone server: one `XREAD BLOCK` over all streams (a record reaches the hub about a
     round trip after its write). Cluster: one pipeline of `XRANGE (last + COUNT n` per
     worker every POLL_SECONDS (redis-py splits it into one request per node; XREAD would
-    cost it a COMMAND GETKEYS round trip per stream). A failed round is logged and retried
-    with backoff from the same positions: nothing is skipped while the streams keep it.
+    cost it a COMMAND GETKEYS round trip per stream); and as soon as this process's own
+    writer applied something (`written`: the ingest and the API in one process, as `kvsi
+    serve` runs by default), one pipeline over just the workers it wrote, so their records
+    reach the hub a round trip after the write instead of up to POLL_SECONDS later. A
+    failed round is logged and retried with backoff from the same positions: nothing is
+    skipped while the streams keep it.
     """
 
     def __init__(
@@ -94,7 +104,18 @@ class FeedPump:
             block = BLOCK_MS if timeout is None else min(BLOCK_MS, int(timeout * 500))
             self._block_ms = block if block >= 10 else None
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._dirty: set[WorkerKey] = set()
+        """Workers this process wrote since the pump last read them (cluster only)."""
+        self._waiting = False
+        """Whether the pump waits for a write of this process or the next poll."""
         self.delivered = 0
+
+    def written(self, worker: WorkerKey) -> None:
+        """This process wrote the worker's stream: read it now, not at the next poll."""
+        if self._block_ms is None:
+            self._dirty.add(worker)
+            self._wake.set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kvsi-feed-pump")
@@ -111,6 +132,8 @@ class FeedPump:
         while True:
             try:
                 more = await self._round()
+                if not more and self._block_ms is None:
+                    await self._until_due()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -127,8 +150,33 @@ class FeedPump:
             if failures:
                 log.info("feed.read_again", failed_rounds=failures)
                 failures = 0
-            if not more and self._block_ms is None:
-                await asyncio.sleep(POLL_SECONDS)
+
+    async def _until_due(self) -> None:
+        """Wait POLL_SECONDS, or until this process wrote a stream; then read what it wrote
+        (as often as writes come, one pipeline each) until the next full round is due, or
+        one of those streams may have more than one read returns."""
+        due = asyncio.get_running_loop().time() + POLL_SECONDS
+        wake = self._wake
+        while True:
+            left = due - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            if not wake.is_set():
+                self._waiting = True
+                try:
+                    async with asyncio.timeout(left):
+                        await wake.wait()
+                except TimeoutError:
+                    return
+                finally:
+                    self._waiting = False
+            wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            workers = [w for w in dirty if w in self._last]
+            if workers:
+                if await self._read(workers):
+                    return
+                await asyncio.sleep(WAKE_GAP_SECONDS)
 
     async def _workers(self) -> Sequence[WorkerKey]:
         workers = await self._known()
@@ -148,6 +196,11 @@ class FeedPump:
             return False
         if self._block_ms is not None:
             return await self._read_blocking(workers, self._block_ms)
+        self._dirty.clear()
+        return await self._read(workers)
+
+    async def _read(self, workers: Sequence[WorkerKey]) -> bool:
+        """One pipeline of XRANGE after each worker's position; True if one may have more."""
         pipe = self._client.pipeline(transaction=False)
         for w in workers:
             pipe.xrange(self._feed_key(w), f"({self._last[w]}", "+", count=READ_COUNT)

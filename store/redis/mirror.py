@@ -21,7 +21,7 @@ from functools import partial
 
 import msgspec
 
-from kvsi.store.core import WorkerIndex
+from kvsi.store.core import WorkerIndex, merged_removals
 from kvsi.store.feed import FeedRecord
 from kvsi.store.model import (
     ApplyOutcome,
@@ -175,7 +175,7 @@ class Mirror:
         ts = batch.ts
         text = repr(ts)
         stored: dict[str, None] = {}
-        for event in batch.events:
+        for event in merged_removals(batch.events):
             if isinstance(event, EntriesStored):
                 self._store_in(plan, event, ts, text, stored, touched)
             elif isinstance(event, EntriesRemoved):

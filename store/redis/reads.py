@@ -1034,6 +1034,12 @@ class RedisReader:
                     self._pump = pump
         return self._hub
 
+    def _feed_written(self, worker: WorkerKey) -> None:
+        """This process wrote the worker's feed stream (or may have): its pump reads it now."""
+        pump = self._pump
+        if pump is not None:
+            pump.written(worker)
+
     async def _stop_feed(self) -> None:
         pump, self._pump = self._pump, None
         if pump is not None:

@@ -55,7 +55,12 @@ from kvsi.store.redis.layout import (
 from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
 from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
 from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua
-from kvsi.store.redis.transport import DirectScript, keep_cancellations, use_hiredis_packing
+from kvsi.store.redis.transport import (
+    ClusterDirectScript,
+    DirectScript,
+    keep_cancellations,
+    use_hiredis_packing,
+)
 
 SCHEMES = {
     "redis": "redis",
@@ -179,14 +184,13 @@ class RedisStore(RedisReader, RedisInstances):
         self._feed_length = feed_length
         self._status_script: AsyncScript = client.register_script(lua("status"))
         apply_script = client.register_script(lua("apply"))
-        self._direct = (
-            None if isinstance(client, RedisCluster) else DirectScript(client, apply_script)
+        cluster = isinstance(client, RedisCluster)
+        self._direct: DirectScript | ClusterDirectScript = (
+            ClusterDirectScript(client, apply_script)
+            if isinstance(client, RedisCluster)
+            else DirectScript(client, apply_script)
         )
-        self._apply_call: Callable[[list[str], list[Arg]], Awaitable[Any]]
-        if self._direct is None:
-            self._apply_call = lambda keys, args: apply_script(keys=keys, args=args)
-        else:
-            self._apply_call = self._direct
+        self._apply_call: Callable[[list[str], list[Arg]], Awaitable[Any]] = self._direct
         self._expire_script: AsyncScript = client.register_script(lua("expire"))
         self._members_script: AsyncScript = client.register_script(lua("members"))
         self._directories = Directories(
@@ -195,7 +199,7 @@ class RedisStore(RedisReader, RedisInstances):
             self._scripted,
             self._unhint_script,
             client.register_script(lua("mark")),
-            inline=self._direct is not None,
+            inline=not cluster,
         )
         self._writers: dict[WorkerKey, _Writer] = {}
         self._token_prefix = secrets.token_hex(6) + "."
@@ -230,6 +234,16 @@ class RedisStore(RedisReader, RedisInstances):
     # -- batches ------------------------------------------------------------------------
 
     async def apply(
+        self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+    ) -> ApplyOutcome:
+        """One EVALSHA per batch in the steady state (see `_apply`); this process's feed
+        pump, if any, reads the worker's stream at once after it (`FeedPump.written`)."""
+        try:
+            return await self._apply(worker, batch, expect)
+        finally:
+            self._feed_written(worker)
+
+    async def _apply(
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
     ) -> ApplyOutcome:
         """One EVALSHA per batch in the steady state (see the module docstring).
@@ -274,7 +288,10 @@ class RedisStore(RedisReader, RedisInstances):
             async with w.lock:
                 mirror = w.mirror
                 if mirror is not None and _all_applied(mirror, batches):
-                    outcomes = await self._apply_group(w, mirror, batches, expect)
+                    try:
+                        outcomes = await self._apply_group(w, mirror, batches, expect)
+                    finally:
+                        self._feed_written(worker)
                     if outcomes is not None:
                         return outcomes
         return [await self.apply(worker, batch, expect) for batch in batches]
@@ -521,6 +538,7 @@ class RedisStore(RedisReader, RedisInstances):
             ),
         )
         if changed:  # after the status: a reader that sees the count reads the new state
+            self._feed_written(worker)
             await self._client.incr(self._states_key)
         if self._registry is not None:
             self._registry.add(worker)
@@ -685,10 +703,9 @@ class RedisStore(RedisReader, RedisInstances):
         test's teardown once waited 300 s here, cause not found (issue 8's note)."""
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("feed pump", self._stop_feed),
+            ("direct connection", self._direct.aclose),
             ("connections", self._client.aclose),
         ]
-        if self._direct is not None:
-            steps.insert(1, ("direct connection", self._direct.aclose))
         for name, step in steps:
             try:
                 async with asyncio.timeout(CLOSE_SECONDS):

@@ -22,9 +22,20 @@ from typing import Any, TypeVar, cast
 import hiredis
 import redis.asyncio.connection
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ConnectionError,
+    NoScriptError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 C = TypeVar("C", bound=AbstractConnection)
 T = TypeVar("T")
@@ -160,6 +171,76 @@ class DirectScript:
     async def aclose(self) -> None:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
+            await pipe.close()
+
+
+_REDIRECTED = (NoScriptError, AskError, TryAgainError, ClusterDownError)
+"""Replies that say the script did not run on that node (MovedError is an AskError): the call
+goes again through redis-py, which loads the script or follows the cluster."""
+
+
+class ClusterDirectScript:
+    """EVALSHA of `script` on a Redis Cluster, sent straight to the node that serves its first
+    key's slot: packed by hiredis and auto-pipelined per node (one `_Pipe` each, as
+    `DirectScript`), instead of redis-py's cluster command layer and one socket write per call.
+
+    Every key of one call is one worker's (one hash slot). What the direct path does not
+    handle goes through redis-py's AsyncScript, which follows the cluster: a client whose
+    slot map is not loaded yet, a slot no node covers, a reply saying the script did not run
+    there (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT: safe to send again), and the first
+    call to a node after its connection failed (redis-py then refreshes the slot map, so a
+    failover is followed). A connection error or timeout fails the calls in flight on that
+    node, as `DirectScript`'s do (whether they landed is unknown).
+    """
+
+    def __init__(self, client: RedisCluster, script: AsyncScript) -> None:
+        self._client = client
+        self._script = script
+        self._pipes: dict[str, _Pipe] = {}
+        self._failed: set[str] = set()
+        """Nodes whose connection failed: their next call goes through redis-py."""
+        self._connecting: asyncio.Lock | None = None
+
+    async def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        client = self._client
+        if client._initialize:  # the slot map is loaded by redis-py's first command
+            return await self._script(keys=keys, args=args)
+        try:
+            node = client.nodes_manager.get_node_from_slot(client.keyslot(keys[0]))
+        except SlotNotCoveredError:
+            return await self._script(keys=keys, args=args)
+        name = node.name
+        if name in self._failed:
+            self._failed.discard(name)
+            return await self._script(keys=keys, args=args)
+        pipe = self._pipes.get(name)
+        try:
+            if pipe is None or pipe.dead:
+                pipe = await self._connect(node)
+            packed = hiredis.pack_command(("EVALSHA", self._script.sha, len(keys), *keys, *args))
+            return await pipe.call(packed)
+        except _REDIRECTED:
+            return await self._script(keys=keys, args=args)
+        except (ConnectionError, TimeoutError, OSError):
+            self._failed.add(name)
+            raise
+
+    async def _connect(self, node: ClusterNode) -> _Pipe:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            pipe = self._pipes.get(node.name)
+            if pipe is None or pipe.dead:
+                # As redis-py's ClusterNode makes its connections: no retry of its own.
+                kwargs = node.connection_kwargs | {"retry": Retry(NoBackoff(), 0)}
+                conn = node.connection_class(**kwargs)
+                await conn.connect()  # type: ignore[no-untyped-call]
+                pipe = self._pipes[node.name] = _Pipe(conn)
+            return pipe
+
+    async def aclose(self) -> None:
+        pipes, self._pipes = list(self._pipes.values()), {}
+        for pipe in pipes:
             await pipe.close()
 
 

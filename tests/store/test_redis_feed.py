@@ -21,8 +21,10 @@ from kvsi.store.model import (
     WorkerStatus,
 )
 from kvsi.store.redis import RedisStore
+from kvsi.store.redis import feed as feed_module
 from kvsi.store.redis.feed import FeedPump
 from kvsi.store.redis.layout import BUCKETS, bucket
+from tests.redis_servers import RedisClusterServers
 from tests.store.conftest import MakeStore
 from tests.waiting import eventually
 
@@ -177,6 +179,39 @@ async def test_the_pump_starts_at_the_streams_end_survives_errors_and_stops_on_c
     task = pump._task
     await reader.close()
     assert task is not None and task.done()
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_a_write_of_this_process_reaches_its_hub_without_the_poll(
+    make_store: MakeStore, redis_cluster: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pump polls a cluster every POLL_SECONDS (here an hour, after its first round);
+    what this process's own writer applies wakes it for that worker's stream at once, while
+    another process's write still waits for the poll."""
+    store, other = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "old")]))
+    await other.apply(B, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "theirs")]))
+    monkeypatch.setattr(feed_module, "POLL_SECONDS", 3600.0)
+    sub = (await store.change_feed()).subscribe(after=None)
+    pump = store._pump
+    assert isinstance(pump, FeedPump)
+    await eventually(lambda: _idle(pump))  # its first round done, now waiting for the poll
+
+    await other.apply(B, Batch(1, 2.0, [EntriesStored([2], "GPU", 0, "theirs")]))
+    await store.apply(A, Batch(1, 2.0, [EntriesStored([2], "GPU", 0, "new")]))
+    await store.apply_many(
+        A, [Batch(s, float(s), [EntriesStored([s], "GPU", 0, f"run{s}")]) for s in (2, 3)]
+    )
+    await store.set_status(A, WorkerStatus(WorkerState.LIVE, 5.0))
+    got = await _received(sub, 4)
+    changes = [(e.change.pod, getattr(e.change, "session_id", "")) for e in got]
+    assert changes == [(A.pod, "new"), (A.pod, "run2"), (A.pod, "run3"), (A.pod, "")]
+
+
+async def _idle(pump: FeedPump) -> bool:
+    """Whether the pump waits for a wake-up or the poll (not reading)."""
+    await asyncio.sleep(0.05)
+    return pump._waiting
 
 
 def test_records_round_trip_through_the_stream_encoding() -> None:

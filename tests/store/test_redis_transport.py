@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis.exceptions
+from redis.asyncio import RedisCluster
 
 from kvsi.store.memory import MemoryStore
 from kvsi.store.model import (
@@ -21,13 +22,16 @@ from kvsi.store.model import (
     EntriesRemoved,
     EntriesStored,
     Hash,
+    StoreEvent,
     WorkerCleared,
     WorkerKey,
 )
+from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys, bucket, member
 from kvsi.store.redis.mirror import Mirror
 from kvsi.store.redis.plan import INDEX_BASE, INDEX_DEL, SREM1
-from kvsi.store.redis.transport import DirectScript
+from kvsi.store.redis.transport import ClusterDirectScript, DirectScript
+from tests.redis_servers import RedisClusterServers
 from tests.store.conftest import MakeStore
 from tests.store.snapshots import snapshot
 
@@ -212,3 +216,108 @@ async def test_closing_fails_calls_in_flight(make_store: MakeStore) -> None:
     await direct.aclose()
     with pytest.raises(redis.exceptions.ConnectionError):
         await call
+
+
+# -- a cluster: ClusterDirectScript --------------------------------------------------------
+
+
+async def _stream_into(store: RedisStore, ref: MemoryStore, seqs: range) -> None:
+    async def stream(w: WorkerKey) -> None:
+        for seq in seqs:
+            events: list[StoreEvent] = [
+                EntriesStored([seq * 10 + 1, seq * 10 + 2], "GPU", 0, f"{w.pod}-s{seq % 4}")
+            ]
+            if seq >= 3:
+                events.append(EntriesRemoved([(seq - 3) * 10 + 1]))
+            batch = Batch(seq, float(seq + 1), events)
+            assert await store.apply(w, batch) == await ref.apply(w, batch)
+
+    await asyncio.gather(*(stream(w) for w in WORKERS))
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_calls_go_straight_to_the_slots_node_auto_pipelined(
+    make_store: MakeStore, redis_cluster: RedisClusterServers
+) -> None:
+    store, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    ref = MemoryStore()
+    await _stream_into(store, ref, range(12))
+    direct = store._direct
+    assert isinstance(direct, ClusterDirectScript)
+    client = store._client
+    assert isinstance(client, RedisCluster)
+    nodes = {
+        client.nodes_manager.get_node_from_slot(client.keyslot(store.worker_keys(w).meta)).name
+        for w in WORKERS
+    }
+    assert set(direct._pipes) == nodes  # one connection per node the workers live on
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_a_call_the_node_refuses_goes_again_through_redis_py(
+    make_store: MakeStore, redis_cluster: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale slot map (the node answers MOVED) and a node without the script (NOSCRIPT):
+    the script did not run there, so the call goes again through redis-py, which follows the
+    cluster; the index ends as the memory store's."""
+    store, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    ref = MemoryStore()
+    await _stream_into(store, ref, range(4))
+    client = store._client
+    assert isinstance(client, RedisCluster)
+    manager = client.nodes_manager
+    nodes = list(manager.nodes_cache.values())
+    for w in WORKERS:  # a stale slot map: each worker's slot on another node
+        slot = client.keyslot(store.worker_keys(w).meta)
+        right = manager.slots_cache[slot][0]
+        manager.slots_cache[slot] = [next(n for n in nodes if n.name != right.name)]
+    await _stream_into(store, ref, range(4, 8))  # MOVED, then redis-py follows (and learns)
+    for w in WORKERS:
+        slot = client.keyslot(store.worker_keys(w).meta)
+        with redis_cluster.nodes[0].client() as c:
+            owner = next(
+                f"{host}:{port}"
+                for start, end, (host, port, *_), *_ in c.cluster("SLOTS")
+                if start <= slot <= end
+            )
+        assert manager.slots_cache[slot][0].name.endswith(owner.split(":")[1])
+    for node in redis_cluster.nodes:
+        with node.client() as c:
+            c.script_flush()
+    await _stream_into(store, ref, range(8, 12))  # NOSCRIPT, then redis-py loads it
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_a_dropped_connection_fails_its_calls_then_heals(
+    make_store: MakeStore, redis_cluster: RedisClusterServers
+) -> None:
+    store, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    ref = MemoryStore()
+    await _stream_into(store, ref, range(4))
+    direct = store._direct
+    assert isinstance(direct, ClusterDirectScript)
+    pipes = list(direct._pipes.values())
+
+    def kill(*_: Any) -> None:
+        for pipe in pipes:
+            writer = pipe.conn._writer
+            assert writer is not None
+            writer.transport.abort()
+
+    second = Batch(4, 5.0, [EntriesStored([41], "GPU", 0, "s"), EntriesRemoved([11])])
+    for w in WORKERS:
+        await ref.apply(w, second)
+    asyncio.get_running_loop().call_soon(kill)
+    out = await asyncio.gather(*(store.apply(w, second) for w in WORKERS), return_exceptions=True)
+    failed = [w for w, r in zip(WORKERS, out, strict=True) if isinstance(r, BaseException)]
+    assert failed
+    for w, r in zip(WORKERS, out, strict=True):
+        if isinstance(r, BaseException):
+            assert isinstance(r, redis.exceptions.ConnectionError)
+            assert store._writers[w].mirror is None
+            assert await store.apply(w, second) in (ApplyOutcome.APPLIED, ApplyOutcome.DUPLICATE)
+    await _stream_into(store, ref, range(5, 8))  # direct again, on new connections
+    assert all(not p.dead for p in direct._pipes.values())
+    assert await snapshot(reader) == await snapshot(ref)

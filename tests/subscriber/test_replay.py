@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from kvsi.simulator.publisher import SimulatedPublisher
 from kvsi.subscriber.drops import DropReason
-from kvsi.subscriber.replay import ReplayClient, ReplayFailedError
+from kvsi.subscriber.replay import YIELD_EVERY, ReplayClient, ReplayFailedError
 from tests.subscriber.peers import Publisher, ReplayRouter, payload, stored, tcp
 
 
@@ -192,3 +192,41 @@ async def test_concurrent_replays_never_exceed_the_shared_bound(
         publisher.close()
     assert all(got.seqs == [0, 1, 2, 3] for got in results)
     assert router.most_active == bound
+
+
+async def test_a_long_replay_already_received_still_lets_the_loop_run_other_tasks(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """Replies waiting in the socket are read without waiting, but the loop gets a turn every
+    YIELD_EVERY of them: a 10,000-batch replay must not hold the other streams and the API."""
+    batches = 10 * YIELD_EVERY
+    async with SimulatedPublisher(
+        "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", context=ctx, buffer_steps=batches
+    ) as publisher:
+        for i in range(batches):
+            await publisher.publish_payload(publisher.encode([stored([i])], ts=100.0 + i))
+        assert publisher.replay_endpoint is not None
+        turns = 0
+
+        async def ticker() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        seen: list[int] = []
+
+        async def deliver(seq: int, body: bytes) -> bool:
+            if seq == 0:  # meanwhile every other reply reaches the socket
+                await asyncio.sleep(1.0)
+            seen.append(turns)
+            return True
+
+        ticking = asyncio.create_task(ticker())
+        try:
+            await client(ctx, publisher.replay_endpoint).fetch(0, deliver)
+        finally:
+            ticking.cancel()
+    assert len(seen) == batches
+    later = seen[1:]
+    assert later[-1] - later[0] >= len(later) // YIELD_EVERY - 1
