@@ -88,7 +88,7 @@ class DirectRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = answer_for(scope) if scope["type"] == "http" else None
-        if answer is None or not _authorized(scope):
+        if answer is None or not _authorized(scope, scope["app"].state.token_check):
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
@@ -150,6 +150,7 @@ class DirectServer:
         self._access_log = access_log
         self._max_body_bytes = max_body_bytes
         self._series = RequestSeries()
+        self._token_check: TokenCheck = app.state.token_check
 
     def takes(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether the request may be one of the hot ones, from its head alone: the server
@@ -175,7 +176,7 @@ class DirectServer:
         started = time.perf_counter()
         scope["app"] = self._app
         answer = answer_for(scope)
-        if answer is None or not _authorized(scope):
+        if answer is None or not _authorized(scope, self._token_check):
             _forget(scope)
             return False
         rid = new_request_id(scope)
@@ -226,10 +227,9 @@ def _matched(scope: Scope, route: APIRoute, session_id: str) -> None:
     scope["path_params"] = {"session_id": session_id}
 
 
-def _authorized(scope: Scope) -> bool:
+def _authorized(scope: Scope, check: TokenCheck) -> bool:
     """Whether the bearer token check (if any) lets the request through, read as FastAPI's
     `HTTPBearer` reads the header; a refusal is FastAPI's to answer."""
-    check: TokenCheck = scope["app"].state.token_check
     if not check.enabled:
         return True
     header = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), None)

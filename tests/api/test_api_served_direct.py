@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -168,7 +169,9 @@ async def test_a_direct_answer_is_counted_logged_and_echoes_its_id(base: str) ->
     assert REPLIED == [200, 200]
     assert given.headers["x-request-id"] == "mine-1"
     made_id = made.headers["x-request-id"]
-    assert len(made_id) == 32 and made_id != "mine-1"
+    made_uuid = uuid.UUID(hex=made_id)
+    assert made_uuid.hex == made_id, "a new id is a UUID's 32 hex digits"
+    assert (made_uuid.version, made_uuid.variant) == (4, uuid.RFC_4122)
     lines = [e for e in logged if e["event"] == "http.request"]
     assert [(e["request_id"], e["status"], e["session_id"], e["route"]) for e in lines] == [
         ("mine-1", 200, "s", "/v1/sessions/{session_id}"),
