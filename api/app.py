@@ -11,21 +11,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
 from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from prometheus_client import Counter, Histogram
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
-from kvsi.api.direct import DirectRoutes
+from kvsi.api.direct import DirectRoutes, DirectServer
 from kvsi.api.errors import install_error_handlers
-from kvsi.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
-from kvsi.api.observe import NO_NATIVE_TELEMETRY, RequestIds, observe, route_of
+from kvsi.api.metrics import RequestSeries
+from kvsi.api.observe import NO_NATIVE_TELEMETRY, RequestIds, log_request, observe, route_of
 from kvsi.api.reader import guarded_reader
 from kvsi.api.routers.llm_d import routes as llm_d_routes
 from kvsi.api.routers.llm_d.hints import HintOptions
@@ -33,19 +31,14 @@ from kvsi.api.routes import health, metrics, pods, route, sessions, watch
 from kvsi.api.routes.health import ReadinessCheck
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
+from kvsi.tracing import tracer
 from kvsi.version import package_version
-
-log = structlog.get_logger(__name__)
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 """Methods labelled as themselves; any other is `OTHER`, so a scanner cannot mint series."""
 
 STATIC = Path(__file__).parent / "static"
 """The dashboard's files, shipped inside the package (no front-end build step)."""
-
-LOGGED_TEXT = 256
-"""Longest path or id a request's log line carries; longer ones are cut (their length
-said), so a client cannot make one request write kilobytes of log."""
 
 DESCRIPTION = """\
 Per-session index of vLLM KV-cache blocks, built from vLLM's KV events.
@@ -101,6 +94,8 @@ def create_app(
     answer the hot requests past FastAPI's per-request machinery (api/direct.py), with the
     same answers; False sends every request through FastAPI (the tests compare the two).
     `access_log`: one log line per request (off: only the metrics count them).
+    `app.state.direct_server` (api/direct.py) is for kvsi's HTTP server: the hot answers
+    without an ASGI cycle.
     """
     app = FastAPIOffline(
         title=title,
@@ -124,6 +119,13 @@ def create_app(
     install_error_handlers(app)
     if direct_routes:
         app.add_middleware(DirectRoutes)
+    # The same answers served by the HTTP server itself (kvsi.http), where nothing but the
+    # app's own layers stands around the routes: no prefix to strip, no span per request.
+    app.state.direct_server = (
+        DirectServer(app, access_log=access_log, max_body_bytes=max_body_bytes)
+        if direct_routes and not root_path and tracer() is None
+        else None
+    )
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)
     app.add_middleware(RequestMetrics, access_log=access_log)
     observe(app)
@@ -188,31 +190,13 @@ def create_probe_app(
 
 class RequestMetrics:
     """Counts, times and logs every HTTP request by route template, never by raw path (one
-    series per session id would swamp Prometheus); the log line carries the session and pod
-    the path names, so a shipper can follow one session's queries. Paths and ids are cut to
-    `LOGGED_TEXT` characters (an id longer than that is left to the cut path, not logged
-    twice); kvsi.logs escapes control characters."""
+    series per session id would swamp Prometheus); the log line (`log_request`) carries the
+    session and pod the path names, so a shipper can follow one session's queries."""
 
     def __init__(self, app: ASGIApp, *, access_log: bool = True) -> None:
         self.app = app
         self._access_log = access_log
-        self._timers: dict[tuple[str, str], Histogram] = {}
-        self._counts: dict[tuple[str, str, int], Counter] = {}
-
-    def _timer(self, method: str, route: str) -> Histogram:
-        """The labelled series, kept: `labels()` takes a lock and formats the values per call."""
-        timer = self._timers.get((method, route))
-        if timer is None:
-            timer = self._timers[method, route] = HTTP_SECONDS.labels(method, route)
-        return timer
-
-    def _count(self, method: str, route: str, status: int) -> Counter:
-        count = self._counts.get((method, route, status))
-        if count is None:
-            count = self._counts[method, route, status] = HTTP_REQUESTS.labels(
-                method, route, str(status)
-            )
-        return count
+        self._series = RequestSeries()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -228,7 +212,7 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 timed = True
-                self._timer(method, route_of(scope)).observe(time.perf_counter() - started)
+                self._series.timer(method, route_of(scope)).observe(time.perf_counter() - started)
             await send(message)
 
         try:
@@ -237,35 +221,10 @@ class RequestMetrics:
             elapsed = time.perf_counter() - started
             route_name = route_of(scope)
             if not timed:
-                self._timer(method, route_name).observe(elapsed)
-            self._count(method, route_name, status).inc()
+                self._series.timer(method, route_name).observe(elapsed)
+            self._series.count(method, route_name, status).inc()
             if self._access_log:
-                _log_request(scope, route_name, status, elapsed)
-
-
-def _log_request(scope: Scope, route: str, status: int, elapsed: float) -> None:
-    """The request's log line."""
-    params = scope.get("path_params", {})
-    log.info(
-        "http.request",
-        method=scope["method"],
-        route=route,
-        path=_cut(scope["path"]),
-        status=status,
-        duration_ms=round(elapsed * 1000, 3),
-        **{
-            k: params[k]
-            for k in ("session_id", "pod")
-            if k in params and len(params[k]) <= LOGGED_TEXT
-        },
-    )
-
-
-def _cut(text: str) -> str:
-    """`text`, or its first `LOGGED_TEXT` characters and how long it was."""
-    if len(text) <= LOGGED_TEXT:
-        return text
-    return f"{text[:LOGGED_TEXT]}... ({len(text)} characters)"
+                log_request(scope, route_name, status, elapsed)
 
 
 def _document_400_not_422(app: FastAPI) -> None:

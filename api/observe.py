@@ -7,8 +7,8 @@ so the API runs without the `otel` extra.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from typing import TYPE_CHECKING
 
 import structlog
@@ -16,6 +16,7 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvsi.logs import info_line
 from kvsi.tracing import tracer
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ it goes into every log line and the response, so it must not forge either."""
 _ID_KEY = "kvsi.request_id"
 """Where the request's id waits in the ASGI scope (a mounted app sees its parent's)."""
 _TRACED_KEY = "kvsi.traced"
+
+LOGGED_TEXT = 256
+"""Longest path or id a request's log line carries; longer ones are cut (their length
+said), so a client cannot make one request write kilobytes of log."""
+
+log = structlog.get_logger("kvsi.api.app")
 
 NO_NATIVE_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 """FastAPI's own OpenTelemetry off, for every app: a request's span is kvsi's (`Spans`), on
@@ -50,6 +57,63 @@ def request_id(scope: Scope) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def new_request_id(scope: Scope) -> str:
+    """The request's id: the caller's `X-Request-ID` if usable, else a new one; kept in the
+    scope (`request_id`)."""
+    given = [v for k, v in scope["headers"] if k == _HEADER_BYTES]
+    usable = given and _VALID_ID.fullmatch(given[0])
+    rid = given[0].decode("ascii") if usable else _uuid4_hex()
+    scope[_ID_KEY] = rid
+    return rid
+
+
+def _uuid4_hex() -> str:
+    """`uuid.uuid4().hex` without the UUID object: 16 random bytes, the version and variant
+    bits set as RFC 4122 says."""
+    n = int.from_bytes(os.urandom(16), "big")
+    return "%032x" % (n & _UUID4_CLEARED | _UUID4_SET)
+
+
+_UUID4_CLEARED = ~((0xC000 << 48) | (0xF000 << 64))
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
+
+
+def forget_request_id(scope: Scope) -> None:
+    """Drop the id `new_request_id` kept: the request goes to `RequestIds` after all."""
+    scope.pop(_ID_KEY, None)
+
+
+def echoed_id(rid: str) -> tuple[bytes, bytes]:
+    """The response header that echoes the request's id."""
+    return (_HEADER_BYTES, rid.encode("ascii"))
+
+
+def log_request(scope: Scope, route: str, status: int, elapsed: float) -> None:
+    """A request's log line: the route template, the path cut to `LOGGED_TEXT` characters,
+    and the session and pod the path names (an id longer than that is left to the cut path,
+    not logged twice); kvsi.logs escapes control characters."""
+    params = scope.get("path_params", {})
+    fields = {
+        "method": scope["method"],
+        "route": route,
+        "path": _cut(scope["path"]),
+        "status": status,
+        "duration_ms": round(elapsed * 1000, 3),
+    }
+    for name in ("session_id", "pod"):
+        if name in params and len(params[name]) <= LOGGED_TEXT:
+            fields[name] = params[name]
+    if not info_line("http.request", fields):
+        log.info("http.request", **fields)
+
+
+def _cut(text: str) -> str:
+    """`text`, or its first `LOGGED_TEXT` characters and how long it was."""
+    if len(text) <= LOGGED_TEXT:
+        return text
+    return f"{text[:LOGGED_TEXT]}... ({len(text)} characters)"
+
+
 class RequestIds:
     """Outermost middleware: the request's `X-Request-ID` (the caller's if usable, else a new
     one) is bound to every log line written while the request runs, and echoed."""
@@ -61,11 +125,8 @@ class RequestIds:
         if scope["type"] != "http" or _ID_KEY in scope:
             await self.app(scope, receive, send)
             return
-        given = [v for k, v in scope["headers"] if k == _HEADER_BYTES]
-        usable = given and _VALID_ID.fullmatch(given[0])
-        rid = given[0].decode("ascii") if usable else uuid.uuid4().hex
-        scope[_ID_KEY] = rid
-        echoed = (_HEADER_BYTES, rid.encode("ascii"))
+        rid = new_request_id(scope)
+        echoed = echoed_id(rid)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

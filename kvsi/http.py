@@ -12,9 +12,17 @@ stream's event still leaves in the turn that wrote it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+import contextvars
+import functools
+from collections.abc import Callable, Coroutine, Generator, Iterable
+from typing import Any, Protocol, cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 
 class OneSend(asyncio.Transport):
@@ -37,6 +45,15 @@ class OneSend(asyncio.Transport):
             self._held.clear()
             if not self._transport.is_closing():
                 self._transport.write(data)
+
+    def write_now(self, data: bytes) -> None:
+        """Write `data` after whatever is held, at once: for a caller that wrote a whole
+        answer as one."""
+        if self._held:
+            self._held.append(data)
+            self._flush()
+        elif not self._transport.is_closing():
+            self._transport.write(data)
 
     def close(self) -> None:
         self._flush()
@@ -87,3 +104,201 @@ class OneSendHttpTools(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not checked with isinstance: uvloop's transports have the methods, not the class.
         super().connection_made(OneSend(cast(asyncio.Transport, transport)))
+
+
+Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+"""A direct answer's response: status, headers (lowercase names), body."""
+
+
+class DirectAnswers(Protocol):
+    """Requests the app answers for the server itself, without an ASGI cycle (the API's
+    `DirectServer`)."""
+
+    def takes(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether the request may be answered directly, from its head alone."""
+        ...
+
+    def answer(self, scope: dict[str, Any], body: bytes, reply: Reply) -> Coroutine[Any, Any, bool]:
+        """Reply and return True, or return False having replied nothing (the app's)."""
+        ...
+
+
+class DirectHttpTools(OneSendHttpTools):
+    """`OneSendHttpTools` handing the requests `answers` takes to it instead of the app.
+
+    uvicorn makes every request's scope and cycle as usual; a request `answers` takes (one
+    not pipelined behind another, no `Expect: 100-continue`, a body of a declared length
+    under uvicorn's read buffer) is held until its body is complete, then answered by
+    running `answers.answer` at once, in the callback that read the request's end: as an
+    eager task, with no task, no loop turn and no ASGI messages for an answer that never
+    waits (the memory store's); one that waits continues in a task. A declined request, or
+    one whose answer raised before replying, goes to the app in uvicorn's own task: the
+    same answer, errors included, as if it had never been held. Each answer runs in a
+    context of its own (the request id it binds for its log lines ends with it).
+    """
+
+    answers: DirectAnswers | None = None
+    """Set on a subclass (`serving_protocol`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: tuple[RequestResponseCycle, Any] | None = None
+        self._unheld = False
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if self._unheld or self.answers is None or not self._holds(cycle):
+            super()._start_asgi_task(cycle, app)
+            return
+        self._held = (cycle, app)
+
+    def _holds(self, cycle: RequestResponseCycle) -> bool:
+        assert self.answers is not None
+        scope = cycle.scope
+        if cycle.waiting_for_100_continue or self.pipeline:
+            return False
+        for name, value in scope["headers"]:
+            if name == b"transfer-encoding":
+                return False
+            if name == b"content-length" and not (
+                value.isdigit() and int(value) <= HIGH_WATER_LIMIT
+            ):
+                return False
+        return self.answers.takes(scope["method"], scope["path"], scope["headers"])
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        held, self._held = self._held, None
+        if held is not None and not held[0].disconnected:
+            context = contextvars.copy_context()
+            context.run(self._answer, *held, context)
+
+    def on_response_complete(self) -> None:
+        # A pipelined request started from here goes to the app: held, it would be
+        # answered within the answer before it.
+        self._unheld = True
+        try:
+            super().on_response_complete()
+        finally:
+            self._unheld = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._held = None
+        super().connection_lost(exc)
+
+    def _answer(self, cycle: RequestResponseCycle, app: Any, context: contextvars.Context) -> None:
+        assert self.answers is not None
+        reply = functools.partial(self._reply, cycle)
+        # A copy: what the answer writes into its scope stays out of a declined request's.
+        answer = self.answers.answer(dict(cycle.scope), bytes(cycle.body), reply)
+        try:
+            waits_on = answer.send(None)
+        except StopIteration as done:
+            if not done.value:
+                self._decline(cycle, app)
+            return
+        except Exception as exc:  # the app answers it again, and words or logs the failure
+            self._failed(cycle, app, exc)
+            return
+        task = self.loop.create_task(self._finish(cycle, app, answer, waits_on), context=context)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _finish(
+        self,
+        cycle: RequestResponseCycle,
+        app: Any,
+        answer: Coroutine[Any, Any, bool],
+        waits_on: Any,
+    ) -> None:
+        try:
+            answered = await _Resumed(answer, waits_on)
+        except Exception as exc:  # as in _answer
+            self._failed(cycle, app, exc)
+            return
+        if not answered:
+            self._decline(cycle, app)
+
+    def _decline(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """The app answers the request after all, in uvicorn's task, from the body held."""
+        if not cycle.disconnected:
+            super()._start_asgi_task(cycle, app)
+
+    def _failed(self, cycle: RequestResponseCycle, app: Any, exc: Exception) -> None:
+        """Before a reply, the app answers (and words or logs the failure); after one, as
+        uvicorn does with an app that raises mid-response: logged, the connection closed."""
+        if not cycle.response_started:
+            self._decline(cycle, app)
+            return
+        self.logger.error("Exception in ASGI application\n", exc_info=exc)
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _reply(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> None:
+        """Write the response as uvicorn's cycle writes a complete one, and end the cycle."""
+        if cycle.disconnected:
+            return
+        cycle.response_started = True
+        content = [STATUS_LINE[status]]
+        closing = False
+        for name, value in (*cycle.default_headers, *headers):
+            if name == b"connection" and b"close" in [t.strip() for t in value.lower().split(b",")]:
+                closing = True
+            content += (name, b": ", value, b"\r\n")
+        keep_alive = cycle.keep_alive and not closing
+        if not keep_alive and not closing:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        if isinstance(self.transport, OneSend):  # one write already: no need to hold it
+            self.transport.write_now(b"".join(content))
+        else:
+            self.transport.write(b"".join(content))
+        cycle.keep_alive = keep_alive
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not keep_alive:
+            self.transport.close()
+        cycle.on_response()
+
+
+class _Resumed:
+    """Awaitable: the rest of a coroutine whose first step has already run and yielded
+    `waits_on`; awaited in a task, it waits as the coroutine asked and returns its result."""
+
+    def __init__(self, coroutine: Coroutine[Any, Any, bool], waits_on: Any) -> None:
+        self._coroutine = coroutine
+        self._waits_on = waits_on
+
+    def __await__(self) -> Generator[Any, Any, bool]:
+        coroutine, waits_on = self._coroutine, self._waits_on
+        while True:
+            try:
+                sent = yield waits_on
+            except BaseException as exc:  # a cancellation: passed on to the coroutine
+                try:
+                    waits_on = coroutine.throw(exc)
+                except StopIteration as done:
+                    return bool(done.value)
+            else:
+                try:
+                    waits_on = coroutine.send(sent)
+                except StopIteration as done:
+                    return bool(done.value)
+
+
+def serving_protocol(answers: DirectAnswers | None) -> type[OneSendHttpTools]:
+    """The protocol class for uvicorn's `http`: `DirectHttpTools` answering `answers`'s
+    requests, or `OneSendHttpTools` without any."""
+    if answers is None:
+        return OneSendHttpTools
+
+    class Serving(DirectHttpTools):
+        pass
+
+    Serving.answers = answers
+    return Serving

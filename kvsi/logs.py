@@ -5,10 +5,11 @@ Imports structlog and logging only.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -50,15 +51,27 @@ def configure_logging(level: str, fmt: str) -> None:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    processors = [*shared, renderer]
+    wrapper = structlog.make_filtering_bound_logger(logging.getLevelName(level.upper()))
     structlog.configure(
         # structlog's own events are rendered here and written straight to stderr: the same
         # lines as through stdlib logging (two LogRecords, the handler, its formatter) at about
         # half the cost; the API writes one per request.
-        processors=[*shared, renderer],
+        processors=processors,
         logger_factory=structlog.WriteLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        wrapper_class=wrapper,
         cache_logger_on_first_use=True,
     )
+    global _lines
+    _lines = None
+    if fmt == "json" or not sys.stderr.isatty():
+        _lines = _InfoLines(
+            json=fmt == "json",
+            out=sys.stderr,
+            enabled=logging.getLevelName(level.upper()) <= logging.INFO,
+            processors=processors,
+            wrapper=wrapper,
+        )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -69,3 +82,85 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level.upper())
+
+
+_lines: _InfoLines | None = None
+
+
+def info_line(event: str, fields: dict[str, Any]) -> bool:
+    """Log `event` with `fields` at info as `log.info(event, **fields)` would under the
+    configuration `configure_logging` made, byte for byte, without structlog's bound logger
+    and processor chain (the API's line per request: tests/kvsi/test_logs.py compares the
+    two). False, with nothing written, under any other configuration (a test's capture,
+    colours on a terminal): the caller logs through structlog."""
+    lines = _lines
+    return lines is not None and lines.write(event, fields)
+
+
+_LEVEL = "[info     ]"
+"""The console renderer's level column without colours: padded to its longest level name."""
+_EVENT_WIDTH = 30
+"""The console renderer's default `pad_event_to`."""
+_APART = frozenset({"logger", "logger_name", "stack", "exception", "exc_info"})
+"""Names the console renderer treats apart from the other fields."""
+_QUOTED = frozenset(" \t=\r\n\"'")
+"""Characters for which the console renderer writes a string value as its repr."""
+
+
+class _InfoLines:
+    """What `configure_logging`'s chain makes of an info event (its context variables,
+    escaped control characters, level, UTC timestamp, then JSON or the console columns
+    without colours), in one function."""
+
+    def __init__(
+        self,
+        *,
+        json: bool,
+        out: TextIO,
+        enabled: bool,
+        processors: list[structlog.types.Processor],
+        wrapper: type[structlog.typing.BindableLogger],
+    ) -> None:
+        self._json = structlog.processors.JSONRenderer() if json else None
+        self._out = structlog.WriteLogger(out)
+        self._enabled = enabled
+        self._processors = list(processors)
+        self._wrapper = wrapper
+
+    def write(self, event: str, fields: dict[str, Any]) -> bool:
+        config = structlog.get_config()
+        if config["processors"] != self._processors or config["wrapper_class"] is not self._wrapper:
+            return False  # configured otherwise since: structlog's to render
+        if not self._enabled:
+            return True
+        entry = dict(fields)
+        entry["event"] = event
+        for key, value in structlog.contextvars.get_contextvars().items():
+            entry.setdefault(key, value)
+        if not _APART.isdisjoint(entry):
+            return False  # a name the renderer treats apart: structlog's to render
+        escape_control_characters(None, "info", entry)
+        entry["level"] = "info"
+        now = datetime.datetime.now(tz=datetime.UTC)
+        entry["timestamp"] = now.isoformat().replace("+00:00", "Z")
+        if self._json is not None:
+            self._out.msg(str(self._json(None, "info", entry)))
+        else:
+            self._out.msg(_console(entry))
+        return True
+
+
+def _console(entry: dict[str, Any]) -> str:
+    """structlog's ConsoleRenderer's line for `entry` without colours (no exception)."""
+    timestamp = entry.pop("timestamp")
+    entry.pop("level")
+    event = str(entry.pop("event"))
+    pairs = [f"{key}={_repr(entry[key])}" for key in sorted(entry)]
+    line = f"{timestamp} {_LEVEL} {event.ljust(_EVENT_WIDTH)} {' '.join(pairs)}"
+    return line.rstrip(" ")
+
+
+def _repr(value: Any) -> str:
+    if isinstance(value, str) and _QUOTED.isdisjoint(value):
+        return value
+    return repr(value)

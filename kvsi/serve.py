@@ -17,11 +17,12 @@ from fastapi import FastAPI
 
 from kvsi import metrics
 from kvsi.api.app import create_app, create_probe_app, stop_streams
+from kvsi.api.direct import direct_server
 from kvsi.api.routers.dynamo import DynamoOptions, create_dynamo_app
 from kvsi.api.routers.llm_d.hints import HintOptions
 from kvsi.dynamo_follow import follow_registrations
 from kvsi.errors import StartupError
-from kvsi.http import OneSendHttpTools
+from kvsi.http import serving_protocol
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from kvsi.store.base import IndexReader, IndexStore
@@ -365,7 +366,8 @@ async def _serve_http(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=HTTP_GRACE_SECONDS,
-        http=OneSendHttpTools,
+        # The hot requests straight from the protocol, where the app offers it (api/direct.py).
+        http=serving_protocol(direct_server(app)),
     )
     server = _Server(config, on_ready)
     serving = asyncio.create_task(server.serve(sockets=[listen(host, port)]), name="http")

@@ -87,8 +87,8 @@ AUTH_CALLS: list[Call] = [
 ]
 
 
-async def _filled() -> MemoryStore:
-    store = MemoryStore()
+async def _filled(store: MemoryStore | None = None) -> MemoryStore:
+    store = MemoryStore() if store is None else store
     await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.5))
     await store.set_status(B, WorkerStatus(WorkerState.DEGRADED, 2.0, "gap"))
     await store.apply(A, Batch(0, 10.0, [EntriesStored([1, 2, BIG[0]], "GPU", 0, "s", 16)]))
