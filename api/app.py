@@ -120,12 +120,15 @@ def create_app(
     if direct_routes:
         app.add_middleware(DirectRoutes)
     # The same answers served by the HTTP server itself (kvsi.http), where nothing but the
-    # app's own layers stands around the routes: no prefix to strip, no span per request;
-    # and over the in-process store only: the first step of an answer runs outside any task,
-    # where a network store's reads (asyncio.timeout) cannot run.
+    # app's own layers stands around the routes: no prefix to strip, no span per request.
     app.state.direct_server = (
-        DirectServer(app, access_log=access_log, max_body_bytes=max_body_bytes)
-        if direct_routes and not root_path and tracer() is None and isinstance(store, MemoryStore)
+        DirectServer(
+            app,
+            access_log=access_log,
+            max_body_bytes=max_body_bytes,
+            eager=not app.state.overlap_reads,
+        )
+        if direct_routes and not root_path and tracer() is None
         else None
     )
     app.add_middleware(RequestBodies, max_bytes=max_body_bytes)

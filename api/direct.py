@@ -143,9 +143,13 @@ class DirectServer:
     requests, not authorized, a body FastAPI words an error for) goes to the app as it came.
 
     Only where the ASGI stack around the routes is the app's own: not behind a `root_path`,
-    not while tracing (the span middleware would be skipped)."""
+    not while tracing (the span middleware would be skipped). `eager`: the store's reads
+    never wait, so the server may run an answer's first step outside any task."""
 
-    def __init__(self, app: Starlette, *, access_log: bool, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: Starlette, *, access_log: bool, max_body_bytes: int, eager: bool
+    ) -> None:
+        self.eager = eager
         self._app = app
         self._access_log = access_log
         self._max_body_bytes = max_body_bytes

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, Protocol, cast
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
@@ -114,6 +114,11 @@ class DirectAnswers(Protocol):
     """Requests the app answers for the server itself, without an ASGI cycle (the API's
     `DirectServer`)."""
 
+    eager: bool
+    """Whether an answer's first step may run outside any task, in the callback that read
+    the request: true where it never waits (the memory store's reads); false where it
+    waits on something a task must own (a network store's reads, under `asyncio.timeout`)."""
+
     def takes(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether the request may be answered directly, from its head alone."""
         ...
@@ -129,9 +134,10 @@ class DirectHttpTools(OneSendHttpTools):
     uvicorn makes every request's scope and cycle as usual; a request `answers` takes (one
     not pipelined behind another, no `Expect: 100-continue`, a body of a declared length
     under uvicorn's read buffer) is held until its body is complete, then answered by
-    running `answers.answer` at once, in the callback that read the request's end: as an
-    eager task, with no task, no loop turn and no ASGI messages for an answer that never
-    waits (the memory store's); one that waits continues in a task. A declined request, or
+    running `answers.answer`, without ASGI messages: where `answers.eager`, at once in the
+    callback that read the request's end, with no task and no loop turn for an answer that
+    never waits (the memory store's), one that waits continuing in a task; otherwise in a
+    task of its own from the start (a network store's). A declined request, or
     one whose answer raised before replying, goes to the app in uvicorn's own task: the
     same answer, errors included, as if it had never been held. Each answer runs in a
     context of its own (the request id it binds for its log lines ends with it).
@@ -190,28 +196,24 @@ class DirectHttpTools(OneSendHttpTools):
         reply = functools.partial(self._reply, cycle)
         # A copy: what the answer writes into its scope stays out of a declined request's.
         answer = self.answers.answer(dict(cycle.scope), bytes(cycle.body), reply)
-        try:
-            waits_on = answer.send(None)
-        except StopIteration as done:
-            if not done.value:
-                self._decline(cycle, app)
-            return
-        except Exception as exc:  # the app answers it again, and words or logs the failure
-            self._failed(cycle, app, exc)
-            return
-        task = self.loop.create_task(self._finish(cycle, app, answer, waits_on), context=context)
+        rest: Awaitable[bool] = answer
+        if self.answers.eager:
+            try:
+                rest = _Resumed(answer, answer.send(None))
+            except StopIteration as done:
+                if not done.value:
+                    self._decline(cycle, app)
+                return
+            except Exception as exc:  # the app answers it again, and words or logs the failure
+                self._failed(cycle, app, exc)
+                return
+        task = self.loop.create_task(self._finish(cycle, app, rest), context=context)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    async def _finish(
-        self,
-        cycle: RequestResponseCycle,
-        app: Any,
-        answer: Coroutine[Any, Any, bool],
-        waits_on: Any,
-    ) -> None:
+    async def _finish(self, cycle: RequestResponseCycle, app: Any, rest: Awaitable[bool]) -> None:
         try:
-            answered = await _Resumed(answer, waits_on)
+            answered = await rest
         except Exception as exc:  # as in _answer
             self._failed(cycle, app, exc)
             return

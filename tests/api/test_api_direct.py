@@ -11,6 +11,7 @@ import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvsi.api import create_app
+from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
 from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import BIG, client_for
@@ -87,7 +88,7 @@ AUTH_CALLS: list[Call] = [
 ]
 
 
-async def _filled(store: MemoryStore | None = None) -> MemoryStore:
+async def _filled(store: IndexStore | None = None) -> IndexStore:
     store = MemoryStore() if store is None else store
     await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.5))
     await store.set_status(B, WorkerStatus(WorkerState.DEGRADED, 2.0, "gap"))

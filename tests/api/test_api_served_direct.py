@@ -21,11 +21,16 @@ from prometheus_client import REGISTRY
 from kvsi.api import create_app
 from kvsi.api.direct import direct_server
 from kvsi.http import DirectHttpTools, OneSendHttpTools, serving_protocol
+from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
+from kvsi.store.select import open_store
 from tests.api.test_api_direct import AUTH_CALLS, CALLS, TOKEN, BrokenStore, Call, _filled
+from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)
 from tests.waiting import eventually
 
 REPLIED: list[int] = []
+NETWORK_STORES = {"redis": "redis_server", "cluster": "redis_cluster"}
+"""The network stores' params of `clients`, by the fixture of their server."""
 
 
 class SlowStore(MemoryStore):
@@ -79,8 +84,12 @@ async def clients(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
     """A client of the direct server and one of the whole ASGI stack, over one store."""
+    store: IndexStore
     if request.param == "broken":
-        store: MemoryStore = BrokenStore()
+        store = BrokenStore()
+    elif request.param in NETWORK_STORES:
+        server = request.getfixturevalue(NETWORK_STORES[request.param])
+        store = await _filled(open_store(f"{server.url}?prefix=t-{uuid.uuid4().hex[:12]}"))
     else:
         store = await _filled(SlowStore() if request.param == "slow" else None)
     tokens = (TOKEN,) if request.param == "tokens" else ()
@@ -96,6 +105,7 @@ async def clients(
         for client in (dc, pc):  # one id for both: each answer echoes it
             client.headers["x-request-id"] = "compared"
         yield dc, pc
+    await store.close()
 
 
 def _headers(response: httpx.Response) -> list[tuple[str, str]]:
@@ -125,6 +135,22 @@ async def _same_answers(
 async def test_every_answer_is_the_stacks(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
+    await _same_answers(clients, CALLS)
+    assert REPLIED.count(200) >= 5 and 404 in REPLIED, "the hot requests were answered direct"
+
+
+@pytest.mark.parametrize(
+    "clients",
+    [
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
+    ],
+    indirect=True,
+)
+async def test_every_answer_is_the_stacks_over_redis(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    # A network store's reads wait under asyncio.timeout, which needs a task of its own.
     await _same_answers(clients, CALLS)
     assert REPLIED.count(200) >= 5 and 404 in REPLIED, "the hot requests were answered direct"
 
