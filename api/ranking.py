@@ -13,7 +13,7 @@ Imports only the store model. The formula (also in the OpenAPI description and t
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,8 +60,27 @@ class Weights:
         return self._weights.get(medium, OTHER_MEDIUM_WEIGHT)
 
 
+class Candidates:
+    """The workers a request may be sent to: as a set, in rank order (pod, dp_rank), and by
+    pod. Built once per snapshot of the fleet where it is every connected worker
+    (api/candidates.py), so a request does not pay for the fleet's size."""
+
+    __slots__ = ("by_pod", "chosen", "ordered")
+
+    def __init__(self, workers: Iterable[WorkerKey]) -> None:
+        self.chosen = frozenset(workers)
+        self.ordered = sorted(self.chosen)
+        by_pod: dict[str, list[WorkerKey]] = {}
+        for worker in self.ordered:
+            by_pod.setdefault(worker.pod, []).append(worker)
+        self.by_pod = by_pod
+
+    def __len__(self) -> int:
+        return len(self.ordered)
+
+
 def rank(
-    candidates: list[WorkerKey],
+    candidates: Candidates,
     evidence: Evidence,
     weights: Weights,
     *,
@@ -77,7 +96,7 @@ def rank(
     keyed (a key per worker was most of a route's ranking).
     """
     states, sessions, prefixes = evidence.states, evidence.session_by_medium, evidence.prefix_media
-    held = _holding(candidates, sessions, prefixes)
+    held = _holding(candidates.chosen, sessions, prefixes)
     keys = []
     for worker in held:
         score, session = _scores(worker, evidence, weights, by_prompt)
@@ -86,7 +105,7 @@ def rank(
     if len(held) < len(candidates):
         live: list[WorkerKey] = []
         other: list[WorkerKey] = []
-        for worker in sorted(candidates):
+        for worker in candidates.ordered:
             if worker in held:
                 continue
             if states[worker] == LIVE:
@@ -101,7 +120,7 @@ def rank(
 
 
 def _holding(
-    candidates: list[WorkerKey],
+    chosen: frozenset[WorkerKey],
     sessions: Mapping[WorkerKey, dict[str, int]],
     prefixes: Mapping[WorkerKey, list[tuple[str, ...]]],
 ) -> set[WorkerKey]:
@@ -110,7 +129,6 @@ def _holding(
     Read from the evidence (a few workers hold anything), not by looking every candidate up
     in it: the store answers only for the workers holding the prompt's first block.
     """
-    chosen = set(candidates)
     held = {w for w in sessions if w in chosen}
     held.update(w for w, media in prefixes.items() if media and w in chosen)
     return held

@@ -10,7 +10,7 @@ from the index: central replicas splitting the pods, on a shared store only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from kvsi.store.feed import FeedHub
@@ -195,13 +195,17 @@ class IndexReader(Protocol):
         Cost: O(residencies); Redis reads every worker's residency values."""
         ...
 
-    async def worker_states(self) -> dict[WorkerKey, WorkerState]:
+    async def worker_states(self) -> Mapping[WorkerKey, WorkerState]:
         """Every known worker's stream state, in no particular order: what a session view
         or a route needs per request, without list_workers' counts.
 
+        The same mapping, never changed, while no worker's state changed and no worker came
+        or went: a caller may keep what it derives from it (every connected worker, in rank
+        order) until it gets another (api/candidates.py). A change makes a new one.
+
         A backend may answer from a cache as old as its cache of the worker registry (Redis:
-        `registry_ttl`); a change shows at most that late. Cost: O(workers), from the cache
-        mostly.
+        `registry_ttl`); a change shows at most that late. Cost: O(1) while unchanged,
+        O(workers) once per change.
         """
         ...
 

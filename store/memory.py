@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 
 from kvsi.store.core import WorkerIndex, merged_removals
@@ -127,6 +127,8 @@ class MemoryStore:
 
     def __init__(self, feed: FeedHub | None = None) -> None:
         self._workers: dict[WorkerKey, _Worker] = {}
+        self._states: dict[WorkerKey, WorkerState] | None = None
+        """`worker_states`' answer, until a worker's state changes or a worker comes or goes."""
         self._sessions: dict[str, _Session] = {}
         self._feed = feed if feed is not None else FeedHub()
         self._instances: dict[tuple[int, int], DynamoInstance] = {}
@@ -208,6 +210,7 @@ class MemoryStore:
         w = self._workers.get(key)
         if w is None:
             w = self._workers[key] = _Worker(key, partial(self._new_residency, key))
+            self._states = None
         return w
 
     async def fence(self, worker: WorkerKey) -> Fence | None:
@@ -217,6 +220,8 @@ class MemoryStore:
     async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
         w = self._worker(worker)
         changed = (w.status.state, w.status.detail) != (status.state, status.detail)
+        if w.status.state != status.state:
+            self._states = None
         w.status = status
         if changed:
             change = WorkerChange(
@@ -261,6 +266,7 @@ class MemoryStore:
         w = self._workers.pop(worker, None)
         if w is None:
             return
+        self._states = None
         w.index.begin()
         w.index.clear()
         for res in w.index.residencies.values():
@@ -434,9 +440,11 @@ class MemoryStore:
             await asyncio.sleep(0)
         return out
 
-    async def worker_states(self) -> dict[WorkerKey, WorkerState]:
-        """Exact: read from the workers as they are. O(workers)."""
-        return {key: w.status.state for key, w in self._workers.items()}
+    async def worker_states(self) -> Mapping[WorkerKey, WorkerState]:
+        """Exact: the workers' states as they are, made anew after a change (`_states`)."""
+        if self._states is None:
+            self._states = {key: w.status.state for key, w in self._workers.items()}
+        return self._states
 
     async def worker_blocks(
         self, pod: str, *, dp_rank: int | None, medium: str | None, limit: int, cursor: str | None

@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field, Strict, field_validator, model_validator
 
 from kvsi import hashing
+from kvsi.api.candidates import connected, named, serving
 from kvsi.api.params import MEDIUM_PATTERN, POD_PATTERN, SESSION_ID_PATTERN, BodyModel
 from kvsi.api.ranking import Evidence, Weights, rank
 from kvsi.api.reader import get_reader
@@ -200,14 +201,19 @@ async def route(body: RouteRequest, request: Request) -> Response:
     hint_options: HintOptions = request.app.state.hint_options
     hashes, computed = _prompt_hashes(body)
     states = await reader.worker_states()
-    keys = _candidates(body.candidates, states)
+    if body.candidates is None:
+        keys = connected(states)
+        among: list[WorkerKey] | None = None  # every worker: ranking keeps the connected
+    else:
+        keys = named(body.candidates, states)
+        among = keys.ordered
     if body.model is not None:
-        models = await reader.worker_models()
-        keys = [k for k in keys if models.get(k) == body.model]
+        keys = serving(keys, await reader.worker_models(), body.model)
+        among = keys.ordered
     session_id = body.session_id
 
     def read_prefix() -> Awaitable[dict[WorkerKey, list[tuple[str, ...]]]]:
-        return reader.match_prefix(hashes, keys) if hashes else _nothing({})
+        return reader.match_prefix(hashes, among) if hashes else _nothing({})
 
     def read_session() -> Awaitable[SessionView | None]:
         return reader.get_session(session_id) if session_id is not None else _nothing(None)
@@ -277,19 +283,3 @@ def _prompt_hashes(body: RouteRequest) -> tuple[list[Hash] | None, list[str] | N
     except (ValueError, ModuleNotFoundError) as exc:
         raise HTTPException(status_code=400, detail=f"hashing: {exc}") from exc
     return list(hashes), [str(x) for x in hashes]
-
-
-def _candidates(wanted: list[str] | None, workers: dict[WorkerKey, WorkerState]) -> list[WorkerKey]:
-    if wanted is None:
-        return [k for k, state in workers.items() if state != WorkerState.DISCONNECTED]
-    chosen: list[WorkerKey] = []
-    for item in wanted:
-        pod, _, rank_text = item.partition("/")
-        chosen.extend(
-            key
-            for key in workers
-            if key.pod == pod
-            and (not rank_text or key.dp_rank == int(rank_text))
-            and key not in chosen
-        )
-    return chosen

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, NamedTuple, cast
 
@@ -811,11 +811,11 @@ class RedisReader:
                     )
         return out
 
-    async def worker_states(self) -> dict[WorkerKey, WorkerState]:
+    async def worker_states(self) -> Mapping[WorkerKey, WorkerState]:
         """The state in each registered worker's meta (HGET and EXISTS, pipelined), reused
         for `registry_ttl` as the registry is: a session view or a route then costs no round
         trip for them. Refreshed at once for a worker the cache lacks, and by list_workers.
-        O(workers) per refresh."""
+        O(workers) per refresh; the same mapping while the states read are the same."""
         workers = await self._known()
         stale = time.monotonic() - self._states_at >= self._registry_ttl
         if stale or not self._states_cover(workers):
@@ -825,8 +825,8 @@ class RedisReader:
                 await self._read_states()  # the shared read began before a worker appeared
                 workers = await self._known()
         states = self._states
-        if len(states) == len(workers):  # every worker is in it: the same ones, in order
-            return dict(states)
+        if len(states) == len(workers):  # every worker is in it: the same ones
+            return states
         return {w: states[w] for w in workers if w in states}
 
     def _states_cover(self, workers: Sequence[WorkerKey]) -> bool:
@@ -862,7 +862,8 @@ class RedisReader:
         self._states_read_at = started
 
     def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:
-        self._states = states
+        if states != self._states:  # else the same mapping: callers' derivations still hold
+            self._states = states
         self._states_at = time.monotonic() if at is None else at
         self._states_version = -1
 

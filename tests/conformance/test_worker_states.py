@@ -59,3 +59,30 @@ async def test_list_workers_refreshes_the_states(store: IndexStore) -> None:
     await store.list_workers()
 
     assert await store.worker_states() == {A: WorkerState.DEGRADED}
+
+
+async def test_the_same_mapping_until_a_state_changes_or_a_worker_comes_or_goes(
+    store: IndexStore,
+) -> None:
+    await store.set_status(A, WorkerStatus(WorkerState.LIVE, 1.0))
+    await store.set_status(B, WorkerStatus(WorkerState.LIVE, 1.0))
+    first = await store.worker_states()
+    snapshot = dict(first)
+
+    await store.set_status(A, WorkerStatus(WorkerState.LIVE, 2.0, "same state, later"))
+    await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+    assert await store.worker_states() is first
+
+    await store.set_status(A, WorkerStatus(WorkerState.DEGRADED, 3.0, "gap"))
+    await store.list_workers()  # Redis: the states read again at once
+    changed = await store.worker_states()
+    await store.apply(C, Batch(0, 1.0, [EntriesStored([2], "GPU", 0, "t")]))
+    await store.list_workers()
+    grown = await store.worker_states()
+    await store.remove_worker(C)
+    shrunk = await store.worker_states()
+
+    assert first == snapshot, "a mapping once answered is never changed"
+    assert changed == {A: WorkerState.DEGRADED, B: WorkerState.LIVE}
+    assert grown == {**changed, C: WorkerState.CONNECTING} and shrunk == changed
+    assert len({id(first), id(changed), id(grown), id(shrunk)}) == 4

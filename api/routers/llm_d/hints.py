@@ -15,13 +15,13 @@ worker `/v1/route` ranks first for the session without a prompt. Formats:
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kvsi.api.ranking import Evidence, Ranked, Weights, rank
+from kvsi.api.ranking import Candidates, Evidence, Ranked, Weights, rank
 from kvsi.store.model import WorkerKey
 
 HintFormat = Literal["llm-d", "label"]
@@ -85,18 +85,21 @@ def token(namespace: str, endpoint: str) -> str:
 
 
 def best_for_session(
-    candidates: Iterable[WorkerKey],
+    candidates: Candidates,
     states: Mapping[WorkerKey, str],
     by_session: Mapping[WorkerKey, dict[str, int]],
     per_pod: bool,
 ) -> Ranked | None:
     """The candidate holding most of the session (blocks weighted by medium, as `/v1/route`
-    scores a session without a prompt); None if no candidate holds any of it."""
-    keys = list(candidates)
+    scores a session without a prompt); None if no candidate holds any of it. Only the
+    candidates the session names are ranked (per pod: every candidate rank of their pods),
+    the rest of the fleet never looked at: they would score 0."""
+    keys = [w for w in by_session if w in candidates.chosen]
     if per_pod:
-        keys, states, by_session = _pods(keys, states, by_session)
+        ranks = [k for pod in dict.fromkeys(w.pod for w in keys) for k in candidates.by_pod[pod]]
+        keys, states, by_session = _pods(ranks, states, by_session)
     evidence = Evidence(states, by_session, {})
-    best = rank(keys, evidence, Weights(), by_prompt=False, limit=1)
+    best = rank(Candidates(keys), evidence, Weights(), by_prompt=False, limit=1)
     return best[0] if best and best[0].session_blocks > 0 else None
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
+from kvsi.api.candidates import connected, serving
 from kvsi.api.params import QueryParams, SessionId, once_each
 from kvsi.api.reader import Reader
 from kvsi.api.routers.llm_d.hints import (
@@ -22,7 +23,7 @@ from kvsi.api.routers.llm_d.hints import (
     hint_for,
 )
 from kvsi.api.schemas import ErrorResponse, json_response
-from kvsi.store.model import WorkerKey, WorkerState
+from kvsi.store.model import WorkerKey
 
 router = APIRouter(prefix="/v1/sessions", tags=["routing"])
 
@@ -83,10 +84,9 @@ async def session_hint(
             status_code=404, detail=f"session {session_id!r} not found (never seen, or aged out)"
         )
     states = await reader.worker_states()
-    candidates = [k for k, s in states.items() if s != WorkerState.DISCONNECTED]
+    candidates = connected(states)
     if query.model is not None:
-        models = await reader.worker_models()
-        candidates = [k for k in candidates if models.get(k) == query.model]
+        candidates = serving(candidates, await reader.worker_models(), query.model)
     by_session = {WorkerKey(w.pod, w.dp_rank): w.by_medium for w in view.workers}
     best = best_for_session(candidates, states, by_session, options.per_pod(query.format))
     hint = hint_for(query.format, options, best)
