@@ -77,6 +77,11 @@ SCAN_CHUNK = 4
 """Workers whose whole residency hash one round trip of `list_sessions(order="blocks")`
 reads: a few ms of Redis each, so the routes' reads interleave."""
 
+LIST_CHUNK = 64
+"""Workers whose meta one round trip of `list_workers` reads: the refreshers that list the
+fleet (index gauges, the janitor) then hold the event loop for a chunk's replies at a
+time, not the whole fleet's, and the routes' reads interleave."""
+
 LOSS_CHUNK = 1
 """Workers `worker_losses` sums per round trip: losses.lua holds Redis for time in
 proportion to a worker's residencies, so reads wait behind at most one worker's sum."""
@@ -114,7 +119,7 @@ def lua(name: str) -> str:
     return resources.files("kvsi.store.redis").joinpath("lua", f"{name}.lua").read_text()
 
 
-def fence_of(meta: dict[bytes, bytes | None]) -> Fence | None:
+def fence_of(meta: Mapping[bytes, bytes | None]) -> Fence | None:
     """The fence in a worker's meta hash, None before its first batch."""
     seq, epoch, last = (meta.get(name.encode()) for name in META_FENCE)
     if seq is None or epoch is None or last is None:
@@ -152,6 +157,33 @@ def _on_worker(
         lost_blocks=progress.lost,
         reprefill_tokens=reprefill_tokens(progress.lost, progress.block_size),
         frontier=None if h is None else Frontier(h, progress.position),
+    )
+
+
+def _view(w: WorkerKey, meta: dict[bytes, bytes]) -> WorkerView:
+    """The worker's view from its meta hash."""
+    fence = fence_of(meta)
+    event_at = meta.get(b"event_at")
+    return WorkerView(
+        pod=w.pod,
+        dp_rank=w.dp_rank,
+        blocks=int(meta.get(b"blocks", 0)),
+        sessions=int(meta.get(b"sessions", 0)),
+        last_seq=fence.seq if fence else None,
+        last_event_at=float(event_at) if event_at is not None else None,
+        status=WorkerStatus(
+            state=_state(meta.get(b"state")),
+            since=float(meta.get(b"since", 0.0)),
+            detail=meta.get(b"detail", b"").decode(),
+            batches_lost=int(meta.get(b"lost", 0)),
+            model=_text(meta.get(b"model")),
+            gaps=int(meta.get(b"gaps", 0)),
+            replays=int(meta.get(b"replays", 0)),
+            restarts=int(meta.get(b"restarts", 0)),
+            lag_batches=int(meta.get(b"lag", 0)),
+            lag_seconds=float(meta.get(b"lag_s", 0.0)),
+        ),
+        unconfirmed=int(meta.get(b"unconfirmed", 0)),
     )
 
 
@@ -726,42 +758,17 @@ class RedisReader:
         return summaries
 
     async def list_workers(self) -> list[WorkerView]:
-        """HGETALL of each registered worker's meta hash, pipelined. O(workers)."""
+        """HGETALL of each registered worker's meta hash, `LIST_CHUNK` workers per round
+        trip. O(workers)."""
         workers = await self._known()
-        if not workers:
-            return []
-        pipe = self._pipeline()
-        for w in workers:
-            pipe.hgetall(self.worker_keys(w).meta)
         views = []
-        for w, meta in zip(workers, await pipe.execute(), strict=True):
-            if not meta:
-                continue  # removed by another process since the registry was read
-            fence = fence_of(meta)
-            event_at = meta.get(b"event_at")
-            views.append(
-                WorkerView(
-                    pod=w.pod,
-                    dp_rank=w.dp_rank,
-                    blocks=int(meta.get(b"blocks", 0)),
-                    sessions=int(meta.get(b"sessions", 0)),
-                    last_seq=fence.seq if fence else None,
-                    last_event_at=float(event_at) if event_at is not None else None,
-                    status=WorkerStatus(
-                        state=_state(meta.get(b"state")),
-                        since=float(meta.get(b"since", 0.0)),
-                        detail=meta.get(b"detail", b"").decode(),
-                        batches_lost=int(meta.get(b"lost", 0)),
-                        model=_text(meta.get(b"model")),
-                        gaps=int(meta.get(b"gaps", 0)),
-                        replays=int(meta.get(b"replays", 0)),
-                        restarts=int(meta.get(b"restarts", 0)),
-                        lag_batches=int(meta.get(b"lag", 0)),
-                        lag_seconds=float(meta.get(b"lag_s", 0.0)),
-                    ),
-                    unconfirmed=int(meta.get(b"unconfirmed", 0)),
-                )
+        for start in range(0, len(workers), LIST_CHUNK):
+            chunk = workers[start : start + LIST_CHUNK]
+            metas = await self._batch(
+                [(m, ("HGETALL", m), {}) for m in (self.worker_keys(w).meta for w in chunk)]
             )
+            views += [_view(w, meta) for w, meta in zip(chunk, metas, strict=True) if meta]
+        # A meta gone (empty) was removed by another process since the registry was read.
         self._keep_states({WorkerKey(v.pod, v.dp_rank): v.status.state for v in views})
         return views
 

@@ -73,3 +73,18 @@ async def test_a_state_written_without_the_counter_is_read_within_the_bound(
     assert (await refreshed(reader))[WORKERS[0]] is WorkerState.LIVE, "trusted for now"
     monkeypatch.setattr(reads_module, "STATES_READ_SECONDS", 0.0)
     assert (await refreshed(reader))[WORKERS[0]] is WorkerState.DISCONNECTED
+
+
+async def test_the_fleet_is_listed_in_chunks_with_every_worker(
+    fleet: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, reader = fleet
+    await writer.set_status(WORKERS[7], status(WorkerState.DEGRADED, "gap"))
+    monkeypatch.setattr(reads_module, "LIST_CHUNK", 3)  # 20 workers: 7 round trips
+
+    views = await reader.list_workers()
+
+    assert sorted((v.pod, v.status.state) for v in views) == sorted(
+        (w.pod, WorkerState.DEGRADED if w == WORKERS[7] else WorkerState.LIVE) for w in WORKERS
+    )
+    assert (await reader.worker_states())[WORKERS[7]] == WorkerState.DEGRADED
