@@ -364,10 +364,19 @@ async def point(
     report["cpu"]["others"] -= report["cpu"]["redis"]  # measure() counted Redis as others
     print(line(report), flush=True)
     print(redis_line(report), flush=True)
+    print(stalls_line(report), flush=True)
     for kind in report["kinds"].values():
         for why, body in kind["error_examples"].items():
             print(f"    {why}: {body}", flush=True)
     return report
+
+
+def stalls_line(r: dict[str, Any]) -> str:
+    """The longest bursts of answers over the p99 target: when, how many, how long."""
+    bursts = ", ".join(
+        f"{b['at_s']:.1f} s ({b['answers']:g}, {b['max_ms']:.0f} ms)" for b in r["stalls"]
+    )
+    return f"    stalls (at, answers over 15 ms, longest): {bursts or 'none'}"
 
 
 def redis_line(r: dict[str, Any]) -> str:

@@ -24,6 +24,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 STATUS_START = len(b"HTTP/1.1 ")
+SLOW_SECONDS = 0.015
+"""Answers slower than the fleet bench's p99 target are reported as `stalls`."""
+STALL_GAP_SECONDS = 0.05
+MAX_STALLS = 8
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,9 @@ class Generator:
         self.outstanding = 0
         self.max_queued = 0
         self.send_lag: list[float] = []
+        self.slow: list[tuple[float, float]] = []
+        """(due time, latency) of each answer slower than `SLOW_SECONDS`."""
+        self.start = 0.0
         self.done = asyncio.Event()
         self._clock = asyncio.get_running_loop().time
 
@@ -122,7 +129,7 @@ class Generator:
     async def run(self, rps: float, total: int) -> float:
         """Send `total` requests at `rps`; returns the seconds from first due to last answer."""
         loop = asyncio.get_running_loop()
-        start = loop.time() + 0.05
+        start = self.start = loop.time() + 0.05
         for i in range(total):
             due = start + i / rps
             delay = due - loop.time()
@@ -146,7 +153,10 @@ class Generator:
         self, conn: Connection, request: Request, due: float, status: bytes, body: bytes
     ) -> None:
         tally = self.tallies[request.kind]
-        tally.latencies.append(self._clock() - due)
+        latency = self._clock() - due
+        tally.latencies.append(latency)
+        if latency > SLOW_SECONDS:
+            self.slow.append((due, latency))
         if status != b"200":
             tally.error(f"status {status.decode()}", body)
         elif not body.startswith(request.expect):
@@ -176,6 +186,26 @@ class Generator:
         self.outstanding -= 1
         if not self.outstanding:
             self.done.set()
+
+
+def stalls(slow: list[tuple[float, float]], start: float) -> list[dict[str, float]]:
+    """The slow answers as bursts: those due within `STALL_GAP_SECONDS` of the last one make
+    one burst (a pause of the service, or of this machine), with when it started (seconds
+    into the run), how many answers it delayed and the longest wait. The longest first."""
+    bursts: list[dict[str, float]] = []
+    for due, latency in sorted(slow):
+        last = bursts[-1] if bursts else None
+        if last is not None and due - last["last_due"] <= STALL_GAP_SECONDS:
+            last["answers"] += 1
+            last["max_ms"] = max(last["max_ms"], latency * 1000)
+            last["last_due"] = due
+        else:
+            bursts.append(
+                {"at_s": due - start, "answers": 1, "max_ms": latency * 1000, "last_due": due}
+            )
+    for burst in bursts:
+        del burst["last_due"]
+    return sorted(bursts, key=lambda b: -b["max_ms"])[:MAX_STALLS]
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -220,6 +250,7 @@ async def main_async(args: argparse.Namespace, requests: list[Request]) -> dict[
         "cpu_seconds": cpu,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "kinds": {kind: summary(t) for kind, t in gen.tallies.items()},
+        "stalls": stalls(gen.slow, gen.start),
     }
 
 
