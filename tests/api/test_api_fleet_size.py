@@ -57,7 +57,9 @@ async def fleet() -> CountingStore:
     store = CountingStore()
     for i in range(WORKERS // 2):
         for rank in (0, 1):
-            await store.set_status(WorkerKey(f"vllm-{i}", rank), WorkerStatus(WorkerState.LIVE, 1.0))
+            await store.set_status(
+                WorkerKey(f"vllm-{i}", rank), WorkerStatus(WorkerState.LIVE, 1.0)
+            )
     await store.apply(HOLDER, Batch(0, 1.0, [EntriesStored([1, 2, 3], "GPU", 0, "s")]))
     return store
 
