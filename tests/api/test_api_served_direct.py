@@ -24,7 +24,7 @@ from kvsi.http import DirectHttpTools, OneSendHttpTools, serving_protocol
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
 from kvsi.store.select import open_store
-from tests.api.test_api_direct import AUTH_CALLS, CALLS, TOKEN, BrokenStore, Call, _filled
+from tests.api.harness import AUTH_CALLS, CALLS, BrokenStore, direct_and_plain, filled, same_answers
 from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)
 from tests.waiting import eventually
 
@@ -89,12 +89,10 @@ async def clients(
         store = BrokenStore()
     elif request.param in NETWORK_STORES:
         server = request.getfixturevalue(NETWORK_STORES[request.param])
-        store = await _filled(open_store(f"{server.url}?prefix=t-{uuid.uuid4().hex[:12]}"))
+        store = await filled(open_store(f"{server.url}?prefix=t-{uuid.uuid4().hex[:12]}"))
     else:
-        store = await _filled(SlowStore() if request.param == "slow" else None)
-    tokens = (TOKEN,) if request.param == "tokens" else ()
-    direct = create_app(store, tokens=tokens, max_body_bytes=256)
-    plain = create_app(store, tokens=tokens, max_body_bytes=256, direct_routes=False)
+        store = await filled(SlowStore() if request.param == "slow" else None)
+    direct, plain = direct_and_plain(store, tokens=request.param == "tokens")
     REPLIED.clear()
     async with (
         served(direct, counting(direct)) as d,
@@ -118,24 +116,11 @@ def _headers(response: httpx.Response) -> list[tuple[str, str]]:
     ]
 
 
-async def _same_answers(
-    clients: tuple[httpx.AsyncClient, httpx.AsyncClient], calls: list[Call]
-) -> None:
-    direct, plain = clients
-    for method, path, kwargs in calls:
-        got = await direct.request(method, path, **kwargs)
-        want = await plain.request(method, path, **kwargs)
-        where = f"{method} {path} {kwargs}"[:200]
-        assert got.status_code == want.status_code, where
-        assert _headers(got) == _headers(want), where
-        assert got.content == want.content, where
-
-
 @pytest.mark.parametrize("clients", ["open", "slow"], indirect=True)
 async def test_every_answer_is_the_stacks(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
-    await _same_answers(clients, CALLS)
+    await same_answers(clients, CALLS, _headers)
     assert REPLIED.count(200) >= 5 and 404 in REPLIED, "the hot requests were answered direct"
 
 
@@ -151,7 +136,7 @@ async def test_every_answer_is_the_stacks_over_redis(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
     # A network store's reads wait under asyncio.timeout, which needs a task of its own.
-    await _same_answers(clients, CALLS)
+    await same_answers(clients, CALLS, _headers)
     assert REPLIED.count(200) >= 5 and 404 in REPLIED, "the hot requests were answered direct"
 
 
@@ -163,7 +148,7 @@ async def test_every_answer_is_the_stacks_with_tokens(
     sendable = [
         c for c in AUTH_CALLS if not c[2].get("headers", {}).get("authorization", "x").endswith(" ")
     ]
-    await _same_answers(clients, sendable)
+    await same_answers(clients, sendable, _headers)
     assert REPLIED, "the authorized ones were answered direct"
 
 
@@ -171,13 +156,13 @@ async def test_every_answer_is_the_stacks_with_tokens(
 async def test_a_store_outage_is_the_stacks_503(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
-    await _same_answers(clients, CALLS[:1] + CALLS[7:8] + CALLS[16:17])
+    await same_answers(clients, CALLS[:1] + CALLS[7:8] + CALLS[16:17], _headers)
     assert REPLIED == [503, 503, 503]
 
 
 @pytest.fixture
 async def base() -> AsyncIterator[str]:
-    app = create_app(await _filled())
+    app = create_app(await filled())
     async with served(app, counting(app)) as url:
         yield url
 
