@@ -5,11 +5,10 @@ Imports structlog and logging only.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import sys
-from collections.abc import MutableMapping
-from typing import Any, TextIO
+from collections.abc import Callable, MutableMapping
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -90,9 +89,9 @@ _lines: _InfoLines | None = None
 def info_line(event: str, fields: dict[str, Any]) -> bool:
     """Log `event` with `fields` at info as `log.info(event, **fields)` would under the
     configuration `configure_logging` made, byte for byte, without structlog's bound logger
-    and processor chain (the API's line per request: tests/kvsi/test_logs.py compares the
-    two). False, with nothing written, under any other configuration (a test's capture,
-    colours on a terminal): the caller logs through structlog."""
+    (the API's line per request: tests/kvsi/test_logs.py compares the two). False, with
+    nothing written, under any other configuration (a test's capture, colours on a
+    terminal): the caller logs through structlog."""
     lines = _lines
     return lines is not None and lines.write(event, fields)
 
@@ -107,10 +106,14 @@ _QUOTED = frozenset(" \t=\r\n\"'")
 """Characters for which the console renderer writes a string value as its repr."""
 
 
+_Prepare = Callable[[Any, str, structlog.typing.EventDict], structlog.typing.EventDict]
+
+
 class _InfoLines:
-    """What `configure_logging`'s chain makes of an info event (its context variables,
-    escaped control characters, level, UTC timestamp, then JSON or the console columns
-    without colours), in one function."""
+    """`configure_logging`'s chain for an info event, called directly: its processors (context
+    variables, escaped control characters, level, UTC timestamp), then its JSON renderer or,
+    for the console, `_console`: structlog's ConsoleRenderer costs most of the line (its
+    columns and styles), so its columns without colours are written here."""
 
     def __init__(
         self,
@@ -121,10 +124,12 @@ class _InfoLines:
         processors: list[structlog.types.Processor],
         wrapper: type[structlog.typing.BindableLogger],
     ) -> None:
-        self._json = structlog.processors.JSONRenderer() if json else None
         self._out = structlog.WriteLogger(out)
         self._enabled = enabled
         self._processors = list(processors)
+        # Every processor but the renderer returns the event dict it was given.
+        self._prepare = cast(list[_Prepare], self._processors[:-1])
+        self._render = self._processors[-1] if json else _console
         self._wrapper = wrapper
 
     def write(self, event: str, fields: dict[str, Any]) -> bool:
@@ -133,25 +138,17 @@ class _InfoLines:
             return False  # configured otherwise since: structlog's to render
         if not self._enabled:
             return True
-        entry = dict(fields)
-        entry["event"] = event
-        for key, value in structlog.contextvars.get_contextvars().items():
-            entry.setdefault(key, value)
+        entry: structlog.typing.EventDict = {**fields, "event": event}
+        for process in self._prepare:
+            entry = process(None, "info", entry)
         if not _APART.isdisjoint(entry):
             return False  # a name the renderer treats apart: structlog's to render
-        escape_control_characters(None, "info", entry)
-        entry["level"] = "info"
-        now = datetime.datetime.now(tz=datetime.UTC)
-        entry["timestamp"] = now.isoformat().replace("+00:00", "Z")
-        if self._json is not None:
-            self._out.msg(str(self._json(None, "info", entry)))
-        else:
-            self._out.msg(_console(entry))
+        self._out.msg(str(self._render(None, "info", entry)))
         return True
 
 
-def _console(entry: dict[str, Any]) -> str:
-    """structlog's ConsoleRenderer's line for `entry` without colours (no exception)."""
+def _console(logger: Any, method: str, entry: structlog.typing.EventDict) -> str:
+    """structlog's ConsoleRenderer's line for an info `entry` without colours (no exception)."""
     timestamp = entry.pop("timestamp")
     entry.pop("level")
     event = str(entry.pop("event"))

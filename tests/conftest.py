@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
+import uvicorn
 import zmq.asyncio
+
+from tests.waiting import eventually
+
+Serve = Callable[..., Awaitable[int]]
+"""`serve` fixture: `await serve(app, **config)`, the port of `app` served by uvicorn with
+`config` (uvicorn.Config options)."""
 
 
 @pytest.fixture
@@ -16,3 +26,28 @@ def ctx() -> Iterator[zmq.asyncio.Context]:
         yield context
     finally:
         context.destroy(linger=0)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Serves apps with uvicorn on loopback ports, logging as kvsi serve configures it (no
+    lifespan); each call's port once the server is up. All stop after the test."""
+    running: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+
+    async def start(app: Any, **config: Any) -> int:
+        server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off", **config))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        running.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
+
+        async def started() -> bool:
+            return server.started
+
+        await eventually(started)
+        port: int = sock.getsockname()[1]
+        return port
+
+    yield start
+    for server, serving in reversed(running):
+        server.should_exit = True
+        await serving

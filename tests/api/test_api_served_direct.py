@@ -9,13 +9,11 @@ import asyncio
 import socket
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 import structlog
-import uvicorn
 from prometheus_client import REGISTRY
 
 from kvsi.api import create_app
@@ -24,9 +22,9 @@ from kvsi.http import DirectHttpTools, OneSendHttpTools, serving_protocol
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
 from kvsi.store.select import open_store
-from tests.api.test_api_direct import AUTH_CALLS, CALLS, TOKEN, BrokenStore, Call, _filled
+from tests.api.harness import AUTH_CALLS, CALLS, BrokenStore, direct_and_plain, filled, same_answers
+from tests.conftest import Serve
 from tests.redis_servers import redis_cluster, redis_server  # noqa: F401  (fixtures)
-from tests.waiting import eventually
 
 REPLIED: list[int] = []
 NETWORK_STORES = {"redis": "redis_server", "cluster": "redis_cluster"}
@@ -45,27 +43,6 @@ class SlowStore(MemoryStore):
         return await super().worker_states()
 
 
-@asynccontextmanager
-async def served(app: Any, http: type[OneSendHttpTools]) -> AsyncIterator[str]:
-    """`app` served by uvicorn on a loopback port through `http`, as kvsi serve configures
-    it; its base URL."""
-    config = uvicorn.Config(app, log_config=None, http=http, lifespan="off", access_log=False)
-    server = uvicorn.Server(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-
-    async def started() -> bool:
-        return server.started
-
-    await eventually(started)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await serving
-
-
 def counting(app: Any) -> type[OneSendHttpTools]:
     """The protocol `kvsi serve` gives `app`, recording the status of each direct reply."""
     base = serving_protocol(direct_server(app))
@@ -81,7 +58,7 @@ def counting(app: Any) -> type[OneSendHttpTools]:
 
 @pytest.fixture
 async def clients(
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, serve: Serve
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
     """A client of the direct server and one of the whole ASGI stack, over one store."""
     store: IndexStore
@@ -89,18 +66,16 @@ async def clients(
         store = BrokenStore()
     elif request.param in NETWORK_STORES:
         server = request.getfixturevalue(NETWORK_STORES[request.param])
-        store = await _filled(open_store(f"{server.url}?prefix=t-{uuid.uuid4().hex[:12]}"))
+        store = await filled(open_store(f"{server.url}?prefix=t-{uuid.uuid4().hex[:12]}"))
     else:
-        store = await _filled(SlowStore() if request.param == "slow" else None)
-    tokens = (TOKEN,) if request.param == "tokens" else ()
-    direct = create_app(store, tokens=tokens, max_body_bytes=256)
-    plain = create_app(store, tokens=tokens, max_body_bytes=256, direct_routes=False)
+        store = await filled(SlowStore() if request.param == "slow" else None)
+    direct, plain = direct_and_plain(store, tokens=request.param == "tokens")
     REPLIED.clear()
+    d = await serve(direct, http=counting(direct), access_log=False)
+    p = await serve(plain, http=OneSendHttpTools, access_log=False)
     async with (
-        served(direct, counting(direct)) as d,
-        served(plain, OneSendHttpTools) as p,
-        httpx.AsyncClient(base_url=d) as dc,
-        httpx.AsyncClient(base_url=p) as pc,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{d}") as dc,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}") as pc,
     ):
         for client in (dc, pc):  # one id for both: each answer echoes it
             client.headers["x-request-id"] = "compared"
@@ -118,24 +93,11 @@ def _headers(response: httpx.Response) -> list[tuple[str, str]]:
     ]
 
 
-async def _same_answers(
-    clients: tuple[httpx.AsyncClient, httpx.AsyncClient], calls: list[Call]
-) -> None:
-    direct, plain = clients
-    for method, path, kwargs in calls:
-        got = await direct.request(method, path, **kwargs)
-        want = await plain.request(method, path, **kwargs)
-        where = f"{method} {path} {kwargs}"[:200]
-        assert got.status_code == want.status_code, where
-        assert _headers(got) == _headers(want), where
-        assert got.content == want.content, where
-
-
 @pytest.mark.parametrize("clients", ["open", "slow"], indirect=True)
 async def test_every_answer_is_the_stacks(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
-    await _same_answers(clients, CALLS)
+    await same_answers(clients, CALLS, _headers)
     assert REPLIED.count(200) >= 5 and 404 in REPLIED, "the hot requests were answered direct"
 
 
@@ -151,7 +113,7 @@ async def test_every_answer_is_the_stacks_over_redis(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
     # A network store's reads wait under asyncio.timeout, which needs a task of its own.
-    await _same_answers(clients, CALLS)
+    await same_answers(clients, CALLS, _headers)
     assert REPLIED.count(200) >= 5 and 404 in REPLIED, "the hot requests were answered direct"
 
 
@@ -163,7 +125,7 @@ async def test_every_answer_is_the_stacks_with_tokens(
     sendable = [
         c for c in AUTH_CALLS if not c[2].get("headers", {}).get("authorization", "x").endswith(" ")
     ]
-    await _same_answers(clients, sendable)
+    await same_answers(clients, sendable, _headers)
     assert REPLIED, "the authorized ones were answered direct"
 
 
@@ -171,15 +133,15 @@ async def test_every_answer_is_the_stacks_with_tokens(
 async def test_a_store_outage_is_the_stacks_503(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
-    await _same_answers(clients, CALLS[:1] + CALLS[7:8] + CALLS[16:17])
+    await same_answers(clients, CALLS[:1] + CALLS[7:8] + CALLS[16:17], _headers)
     assert REPLIED == [503, 503, 503]
 
 
 @pytest.fixture
-async def base() -> AsyncIterator[str]:
-    app = create_app(await _filled())
-    async with served(app, counting(app)) as url:
-        yield url
+async def base(serve: Serve) -> str:
+    app = create_app(await filled())
+    port = await serve(app, http=counting(app), access_log=False)
+    return f"http://127.0.0.1:{port}"
 
 
 async def test_a_direct_answer_is_counted_logged_and_echoes_its_id(base: str) -> None:

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -262,6 +262,37 @@ def unique_prefix() -> str:
     return f"e2e-{uuid.uuid4().hex[:10]}"
 
 
+# -- a sidecar on a private redis-server ---------------------------------------------------
+
+
+FAST_RETRY = {"KVSI_STORE_RETRY_MAX_SECONDS": "0.25"}
+"""Ingest retries the store at most 0.25 s apart (default 2 s): recovery shows sooner."""
+
+
+class Sidecar(NamedTuple):
+    """What `sidecar_on_redis` started, in the order a test unpacks it."""
+
+    redis: RedisServer
+    fleet: SimulatedFleet
+    run: Services
+    service: Service
+    client: httpx.AsyncClient
+
+
+@asynccontextmanager
+async def sidecar_on_redis(
+    fleet: dict[str, Any], env: dict[str, str], warm: int, *redis_args: str, rate: float
+) -> AsyncIterator[Sidecar]:
+    """A `kvsi serve` sidecar (environment `env`) on a private redis-server (`redis_args`)
+    under a fresh prefix, indexing a fleet (`fleet`: its options), with a client once
+    `warm` ticks at `rate` are applied; all stopped after."""
+    with redis_server(*redis_args) as redis:
+        async with fleet_of(**fleet) as started, services() as run:
+            service = run.start("sidecar", store_url(redis, unique_prefix()), started, env=env)
+            client = await warmed_up(run, service, started, rate, warm)
+            yield Sidecar(redis, started, run, service, client)
+
+
 # -- waiting and reading -------------------------------------------------------------------
 
 
@@ -327,6 +358,11 @@ async def readiness(client: httpx.AsyncClient) -> tuple[int, list[str]]:
     response = await client.get("/readyz")
     reasons: list[str] = response.json().get("reasons", [])
     return response.status_code, reasons
+
+
+async def ready(client: httpx.AsyncClient) -> bool:
+    """/readyz says ready, with no reason against."""
+    return await readiness(client) == (200, [])
 
 
 async def burst(client: httpx.AsyncClient, fleet: SimulatedFleet, n: int = 16) -> list[str]:

@@ -27,23 +27,19 @@ import pytest
 
 from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import (
+    FAST_RETRY,
     PERSISTENT,
     Services,
     all_live,
     burst,
     caught_up,
-    fleet_of,
     metrics,
     outage_reported,
     per_worker,
     pods,
-    readiness,
-    redis_server,
-    services,
-    store_url,
-    unique_prefix,
+    ready,
+    sidecar_on_redis,
     until,
-    warmed_up,
 )
 from tests.e2e.truth import mismatches
 
@@ -52,64 +48,53 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]
 FLEET = {"pods": 2, "sessions": 16, "seed": 3, "num_blocks": 512, "migrate_prob": 0.1}
 RATE = 100.0
 
-FAST_RETRY = {"KVSI_STORE_RETRY_MAX_SECONDS": "0.25"}
-"""Ingest retries the store at most 0.25 s apart (default 2 s): recovery shows sooner."""
-
 
 async def test_redis_stopped_and_restarted_buffered_batches_apply_in_order() -> None:
-    with redis_server(*PERSISTENT) as redis:
-        async with fleet_of(**FLEET) as fleet, services() as run:
-            service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=FAST_RETRY)
-            client = await warmed_up(run, service, fleet, RATE, 40)
-            assert await mismatches(client, fleet) == []
-            before = {pod: fleet.publisher(pod).next_seq for pod in fleet.pods}
+    async with sidecar_on_redis(FLEET, FAST_RETRY, 40, *PERSISTENT, rate=RATE) as sidecar:
+        redis, fleet, run, service, client = sidecar
+        assert await mismatches(client, fleet) == []
+        before = {pod: fleet.publisher(pod).next_seq for pod in fleet.pods}
 
-            redis.stop()
-            during = await fleet.run(RATE, max_batches=40)
-            assert during.batches >= 40, during
-            reasons = await until(
-                lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
-            )
-            assert "ingest is buffering and retrying" in " ".join(reasons), reasons
-            assert (await client.get("/healthz")).status_code == 200
-            assert (await client.get("/v1/pods")).status_code == 503
-            assert service.running
+        redis.stop()
+        during = await fleet.run(RATE, max_batches=40)
+        assert during.batches >= 40, during
+        reasons = await until(
+            lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
+        )
+        assert "ingest is buffering and retrying" in " ".join(reasons), reasons
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/v1/pods")).status_code == 503
+        assert service.running
 
-            async def all_held() -> bool:
-                # The applier holds the first outage batch (retrying it), the inbox the rest.
-                samples = await metrics(client)
-                return all(
-                    per_worker(samples, "kvsi_worker_queued", pod)
-                    == fleet.publisher(pod).next_seq - before[pod]
-                    for pod in fleet.pods
-                )
-
-            await until(all_held, 20, "outage batches held in the inbox", run)
-
-            redis.start(redis.port)
-            await until(lambda: caught_up(client, fleet), 30, "caught up after the outage", run)
-            assert await burst(client, fleet) == [], "reads answer right after the outage"
-            assert await mismatches(client, fleet) == [], "history kept, outage batches applied"
+        async def all_held() -> bool:
+            # The applier holds the first outage batch (retrying it), the inbox the rest.
             samples = await metrics(client)
-            for pod, found in (await pods(client)).items():
-                assert found["state"] == "live" and found["batches_lost"] == 0, found
-                published = fleet.publisher(pod).next_seq
-                # Every batch applied once; none came through replay and no seq was skipped:
-                # the held ones applied from the buffer in seq order.
-                assert (
-                    per_worker(samples, "kvsi_batches_total", pod, outcome="applied") == published
-                )
-                assert per_worker(samples, "kvsi_batches_replayed_total", pod) == 0
-                assert per_worker(samples, "kvsi_seq_gaps_total", pod) == 0
-                assert per_worker(samples, "kvsi_queue_overflow_total", pod) == 0
-            assert samples[("kvsi_store_available", ())] == 1
-            assert samples[("kvsi_store_errors_total", (("operation", "apply"),))] > 0
-            await until(lambda: ready(client), 10, "ready again", run)
-            assert service.stop() == 0, service.tail()
+            return all(
+                per_worker(samples, "kvsi_worker_queued", pod)
+                == fleet.publisher(pod).next_seq - before[pod]
+                for pod in fleet.pods
+            )
 
+        await until(all_held, 20, "outage batches held in the inbox", run)
 
-async def ready(client: Any) -> bool:
-    return await readiness(client) == (200, [])
+        redis.start(redis.port)
+        await until(lambda: caught_up(client, fleet), 30, "caught up after the outage", run)
+        assert await burst(client, fleet) == [], "reads answer right after the outage"
+        assert await mismatches(client, fleet) == [], "history kept, outage batches applied"
+        samples = await metrics(client)
+        for pod, found in (await pods(client)).items():
+            assert found["state"] == "live" and found["batches_lost"] == 0, found
+            published = fleet.publisher(pod).next_seq
+            # Every batch applied once; none came through replay and no seq was skipped:
+            # the held ones applied from the buffer in seq order.
+            assert per_worker(samples, "kvsi_batches_total", pod, outcome="applied") == published
+            assert per_worker(samples, "kvsi_batches_replayed_total", pod) == 0
+            assert per_worker(samples, "kvsi_seq_gaps_total", pod) == 0
+            assert per_worker(samples, "kvsi_queue_overflow_total", pod) == 0
+        assert samples[("kvsi_store_available", ())] == 1
+        assert samples[("kvsi_store_errors_total", (("operation", "apply"),))] > 0
+        await until(lambda: ready(client), 10, "ready again", run)
+        assert service.stop() == 0, service.tail()
 
 
 def pods_blocking(url: str) -> dict[str, dict[str, Any]]:
@@ -142,51 +127,46 @@ def degraded_while_replay_waits(run: Services, url: str, fleet: SimulatedFleet) 
 
 
 async def test_an_outage_that_overflows_the_inbox_is_marked_then_repaired_by_replay() -> None:
-    with redis_server(*PERSISTENT) as redis:
-        async with fleet_of(**FLEET) as fleet, services() as run:
-            env = FAST_RETRY | {"KVSI_INGEST_QUEUE_SIZE": "8", "KVSI_REPLAY_TIMEOUT_SECONDS": "8"}
-            service = run.start("sidecar", store_url(redis, unique_prefix()), fleet, env=env)
-            client = await warmed_up(run, service, fleet, RATE, 20)
+    env = FAST_RETRY | {"KVSI_INGEST_QUEUE_SIZE": "8", "KVSI_REPLAY_TIMEOUT_SECONDS": "8"}
+    async with sidecar_on_redis(FLEET, env, 20, *PERSISTENT, rate=RATE) as sidecar:
+        redis, fleet, run, service, client = sidecar
+        redis.stop()
+        await fleet.run(RATE, max_batches=60)  # far more than the 8 the inbox holds
 
-            redis.stop()
-            await fleet.run(RATE, max_batches=60)  # far more than the 8 the inbox holds
-
-            async def overflowed() -> bool:
-                samples = await metrics(client)
-                return all(
-                    per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
-                    # the full inbox (8), and the batch the applier holds, retrying it
-                    and per_worker(samples, "kvsi_worker_queued", pod) > 8
-                    for pod in fleet.pods
-                )
-
-            await until(overflowed, 20, "inbox overflowed", run)
-            reasons = await until(
-                lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
-            )
-            dropped = [r for r in reasons if "dropped by a full ingest queue" in r]
-            assert len(dropped) == len(fleet.pods), reasons
-            assert (await client.get("/healthz")).status_code == 200
-            assert service.running
-
-            redis.start(redis.port)
-            marked = degraded_while_replay_waits(run, service.url, fleet)
-            assert all(p["batches_lost"] == 0 for p in marked.values()), marked
-
-            await until(lambda: caught_up(client, fleet), 30, "caught up after the outage", run)
-            assert await burst(client, fleet) == [], "reads answer right after the outage"
-            assert await mismatches(client, fleet) == []
-            await until(lambda: all_live(client, fleet), 10, "live again", run)
+        async def overflowed() -> bool:
             samples = await metrics(client)
-            for pod, found in (await pods(client)).items():
-                assert found["batches_lost"] == 0 and found["state_detail"] == "", found
-                published = fleet.publisher(pod).next_seq
-                assert per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
-                assert per_worker(samples, "kvsi_batches_replayed_total", pod) > 0
-                assert per_worker(samples, "kvsi_batches_lost_total", pod) == 0
-                assert per_worker(samples, "kvsi_worker_degraded", pod) == 0
-                assert (
-                    per_worker(samples, "kvsi_batches_total", pod, outcome="applied") == published
-                )
-            await until(lambda: ready(client), 10, "ready again", run)
-            assert service.stop() == 0, service.tail()
+            return all(
+                per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
+                # the full inbox (8), and the batch the applier holds, retrying it
+                and per_worker(samples, "kvsi_worker_queued", pod) > 8
+                for pod in fleet.pods
+            )
+
+        await until(overflowed, 20, "inbox overflowed", run)
+        reasons = await until(
+            lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
+        )
+        dropped = [r for r in reasons if "dropped by a full ingest queue" in r]
+        assert len(dropped) == len(fleet.pods), reasons
+        assert (await client.get("/healthz")).status_code == 200
+        assert service.running
+
+        redis.start(redis.port)
+        marked = degraded_while_replay_waits(run, service.url, fleet)
+        assert all(p["batches_lost"] == 0 for p in marked.values()), marked
+
+        await until(lambda: caught_up(client, fleet), 30, "caught up after the outage", run)
+        assert await burst(client, fleet) == [], "reads answer right after the outage"
+        assert await mismatches(client, fleet) == []
+        await until(lambda: all_live(client, fleet), 10, "live again", run)
+        samples = await metrics(client)
+        for pod, found in (await pods(client)).items():
+            assert found["batches_lost"] == 0 and found["state_detail"] == "", found
+            published = fleet.publisher(pod).next_seq
+            assert per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
+            assert per_worker(samples, "kvsi_batches_replayed_total", pod) > 0
+            assert per_worker(samples, "kvsi_batches_lost_total", pod) == 0
+            assert per_worker(samples, "kvsi_worker_degraded", pod) == 0
+            assert per_worker(samples, "kvsi_batches_total", pod, outcome="applied") == published
+        await until(lambda: ready(client), 10, "ready again", run)
+        assert service.stop() == 0, service.tail()

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from kvsi.http import OneSend, OneSendHttpTools
-from tests.waiting import eventually
+from tests.conftest import Serve
 
 
 class Recorder(asyncio.Protocol):
@@ -88,7 +86,7 @@ async def test_close_sends_what_is_held_first() -> None:
 
 
 @pytest.fixture
-async def port() -> AsyncIterator[int]:
+async def port(serve: Serve) -> int:
     """uvicorn serving a small app through `OneSendHttpTools`, as kvsi serve configures it."""
     app = FastAPI()
 
@@ -96,19 +94,7 @@ async def port() -> AsyncIterator[int]:
     async def hello() -> dict[str, str]:
         return {"hello": "world"}
 
-    config = uvicorn.Config(app, log_config=None, http=OneSendHttpTools, lifespan="off")
-    server = uvicorn.Server(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-
-    async def started() -> bool:
-        return server.started
-
-    await eventually(started)
-    yield sock.getsockname()[1]
-    server.should_exit = True
-    await serving
+    return await serve(app, http=OneSendHttpTools)
 
 
 async def test_a_real_server_answers_keep_alive_requests(port: int) -> None:

@@ -30,7 +30,7 @@ from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys, bucket, member
 from kvsi.store.redis.mirror import Mirror
 from kvsi.store.redis.plan import INDEX_BASE, INDEX_DEL, SREM1
-from kvsi.store.redis.transport import ClusterDirectScript, DirectScript
+from kvsi.store.redis.transport import ClusterDirectScript, DirectScript, _Pipe
 from tests.redis_servers import RedisClusterServers
 from tests.store.conftest import MakeStore
 from tests.store.snapshots import snapshot
@@ -187,22 +187,29 @@ async def test_a_dropped_connection_fails_every_call_in_flight(make_store: MakeS
     assert direct is not None
     pipe = direct._pipe
     assert pipe is not None
+    await _apply_through_a_drop(store, [pipe], second)
+    assert await snapshot(reader) == await snapshot(ref)
 
-    def kill(*_: Any) -> None:
-        writer = pipe.conn._writer
-        assert writer is not None
-        writer.transport.abort()
+
+async def _apply_through_a_drop(store: RedisStore, pipes: list[_Pipe], batch: Batch) -> None:
+    """Every worker applies `batch` while `pipes`' connections drop: the calls that fail
+    raise ConnectionError and drop their worker's mirror, and applying again succeeds."""
+
+    def kill() -> None:
+        for pipe in pipes:
+            writer = pipe.conn._writer
+            assert writer is not None
+            writer.transport.abort()
 
     asyncio.get_running_loop().call_soon(kill)
-    out = await asyncio.gather(*(store.apply(w, second) for w in WORKERS), return_exceptions=True)
+    out = await asyncio.gather(*(store.apply(w, batch) for w in WORKERS), return_exceptions=True)
     failed = [w for w, r in zip(WORKERS, out, strict=True) if isinstance(r, BaseException)]
     assert failed
     for w, r in zip(WORKERS, out, strict=True):
         if isinstance(r, BaseException):
             assert isinstance(r, redis.exceptions.ConnectionError)
             assert store._writers[w].mirror is None
-            assert await store.apply(w, second) in (ApplyOutcome.APPLIED, ApplyOutcome.DUPLICATE)
-    assert await snapshot(reader) == await snapshot(ref)
+            assert await store.apply(w, batch) in (ApplyOutcome.APPLIED, ApplyOutcome.DUPLICATE)
 
 
 async def test_closing_fails_calls_in_flight(make_store: MakeStore) -> None:
@@ -221,6 +228,14 @@ async def test_closing_fails_calls_in_flight(make_store: MakeStore) -> None:
 # -- a cluster: ClusterDirectScript --------------------------------------------------------
 
 
+@pytest.fixture
+async def cluster_stores(
+    make_store: MakeStore, redis_cluster: RedisClusterServers
+) -> tuple[RedisStore, RedisStore]:
+    """A writer and a reader on the cluster, sharing one index."""
+    return await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+
+
 async def _stream_into(store: RedisStore, ref: MemoryStore, seqs: range) -> None:
     async def stream(w: WorkerKey) -> None:
         for seq in seqs:
@@ -237,9 +252,9 @@ async def _stream_into(store: RedisStore, ref: MemoryStore, seqs: range) -> None
 
 @pytest.mark.cluster
 async def test_on_a_cluster_calls_go_straight_to_the_slots_node_auto_pipelined(
-    make_store: MakeStore, redis_cluster: RedisClusterServers
+    cluster_stores: tuple[RedisStore, RedisStore],
 ) -> None:
-    store, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    store, reader = cluster_stores
     ref = MemoryStore()
     await _stream_into(store, ref, range(12))
     direct = store._direct
@@ -256,12 +271,14 @@ async def test_on_a_cluster_calls_go_straight_to_the_slots_node_auto_pipelined(
 
 @pytest.mark.cluster
 async def test_on_a_cluster_a_call_the_node_refuses_goes_again_through_redis_py(
-    make_store: MakeStore, redis_cluster: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+    cluster_stores: tuple[RedisStore, RedisStore],
+    redis_cluster: RedisClusterServers,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A stale slot map (the node answers MOVED) and a node without the script (NOSCRIPT):
     the script did not run there, so the call goes again through redis-py, which follows the
     cluster; the index ends as the memory store's."""
-    store, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    store, reader = cluster_stores
     ref = MemoryStore()
     await _stream_into(store, ref, range(4))
     client = store._client
@@ -291,33 +308,18 @@ async def test_on_a_cluster_a_call_the_node_refuses_goes_again_through_redis_py(
 
 @pytest.mark.cluster
 async def test_on_a_cluster_a_dropped_connection_fails_its_calls_then_heals(
-    make_store: MakeStore, redis_cluster: RedisClusterServers
+    cluster_stores: tuple[RedisStore, RedisStore],
 ) -> None:
-    store, reader = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    store, reader = cluster_stores
     ref = MemoryStore()
     await _stream_into(store, ref, range(4))
     direct = store._direct
     assert isinstance(direct, ClusterDirectScript)
     pipes = list(direct._pipes.values())
-
-    def kill(*_: Any) -> None:
-        for pipe in pipes:
-            writer = pipe.conn._writer
-            assert writer is not None
-            writer.transport.abort()
-
     second = Batch(4, 5.0, [EntriesStored([41], "GPU", 0, "s"), EntriesRemoved([11])])
     for w in WORKERS:
         await ref.apply(w, second)
-    asyncio.get_running_loop().call_soon(kill)
-    out = await asyncio.gather(*(store.apply(w, second) for w in WORKERS), return_exceptions=True)
-    failed = [w for w, r in zip(WORKERS, out, strict=True) if isinstance(r, BaseException)]
-    assert failed
-    for w, r in zip(WORKERS, out, strict=True):
-        if isinstance(r, BaseException):
-            assert isinstance(r, redis.exceptions.ConnectionError)
-            assert store._writers[w].mirror is None
-            assert await store.apply(w, second) in (ApplyOutcome.APPLIED, ApplyOutcome.DUPLICATE)
+    await _apply_through_a_drop(store, pipes, second)
     await _stream_into(store, ref, range(5, 8))  # direct again, on new connections
     assert all(not p.dead for p in direct._pipes.values())
     assert await snapshot(reader) == await snapshot(ref)
