@@ -12,6 +12,7 @@ subscriber/README.md has the states and the stale policy.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass
 
@@ -292,11 +293,15 @@ class WorkerStream:
                 self._log.warning("stream.disconnected", endpoint=self.spec.endpoint)
 
     async def _audit_clock(self) -> None:
-        """Every `index_audit` seconds, ask the applier to check the store (see `_audit`)."""
+        """Every `index_audit` seconds, ask the applier to check the store (see `_audit`).
+        The first time at a random point of the first period: streams started together (a
+        central process following a fleet) audit spread over the period, not all at once."""
+        period = self._options.index_audit
+        await asyncio.sleep(random.uniform(0, period))
         while True:
-            await asyncio.sleep(self._options.index_audit)
             self._audit_due = True
             self.inbox.wake()
+            await asyncio.sleep(period)
 
     async def _audit(self) -> None:
         """Whether the store still holds what this stream stored; status written again.

@@ -88,6 +88,11 @@ POOL_SIZE = 64
 caller waits for one (up to POOL_WAIT seconds) instead of failing: a fleet of streams and a
 burst of API reads share the pool."""
 
+EXPIRE_CHUNK = 32
+"""Workers an expiry pass reads or scripts per round trip (expire.lua, the forgotten check):
+a pass over the whole fleet then holds the event loop, and Redis, a chunk at a time, and the
+routes' reads interleave."""
+
 POOL_WAIT = 5.0
 
 CLOSE_SECONDS = 5.0
@@ -620,15 +625,17 @@ class RedisStore(RedisReader, RedisInstances):
         await self._directories.complete_others(await self._known(), self.worker_keys)
         sources = await self._seen_sources(None)
         others = [s for s in sources if s.seen not in mine]
-        replies = await asyncio.gather(
-            *(
-                self._expire_script(
-                    keys=[s.seen] if s.res is None else [s.seen, s.res],
-                    args=[repr(-older_than), limit],
+        replies = []
+        for start in range(0, len(others), EXPIRE_CHUNK):  # the routes' reads interleave
+            replies += await asyncio.gather(
+                *(
+                    self._expire_script(
+                        keys=[s.seen] if s.res is None else [s.seen, s.res],
+                        args=[repr(-older_than), limit],
+                    )
+                    for s in others[start : start + EXPIRE_CHUNK]
                 )
-                for s in others
             )
-        )
         records = 0  # the retired record's drops are records of sessions, not residencies
         for source, reply in zip(others, replies, strict=True):
             more = more or reply[0] == b"1"
@@ -685,15 +692,20 @@ class RedisStore(RedisReader, RedisInstances):
 
     async def _forgotten(self, sources: list[Seen], dropped: list[str]) -> int:
         """How many of the sessions whose residencies were just dropped have no record
-        left on any worker or in the retired record. One pipeline, O(sources) commands."""
+        left on any worker or in the retired record. O(sources) commands, `EXPIRE_CHUNK` a
+        round trip."""
         ids = sorted(set(dropped))
         forgotten = 0
         for start in range(0, len(ids), MAX_ARGS):
             chunk = ids[start : start + MAX_ARGS]
-            pipe = self._pipeline()
-            for source in sources:
-                pipe.zmscore(source.seen, chunk)
-            scores = await pipe.execute()
+            scores = []
+            for first in range(0, len(sources), EXPIRE_CHUNK):  # the routes' reads interleave
+                scores += await self._batch(
+                    [
+                        (s.seen, ("ZMSCORE", s.seen, *chunk), {})
+                        for s in sources[first : first + EXPIRE_CHUNK]
+                    ]
+                )
             forgotten += sum(1 for i in range(len(chunk)) if all(s[i] is None for s in scores))
         return forgotten
 
