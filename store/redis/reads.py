@@ -119,6 +119,9 @@ def lua(name: str) -> str:
     return resources.files("kvsi.store.redis").joinpath("lua", f"{name}.lua").read_text()
 
 
+_FENCE_FIELDS = [name.encode() for name in META_FENCE]
+
+
 def fence_of(meta: Mapping[bytes, bytes | None]) -> Fence | None:
     """The fence in a worker's meta hash, None before its first batch."""
     seq, epoch, last = (meta.get(name.encode()) for name in META_FENCE)
@@ -418,11 +421,9 @@ class RedisReader:
 
     async def fence(self, worker: WorkerKey) -> Fence | None:
         """Read from Redis (not a mirror): another replica may have advanced it. O(1)."""
-        fields = list(META_FENCE)
-        values = cast(
-            list[bytes | None], await self._client.hmget(self.worker_keys(worker).meta, fields)
-        )
-        return fence_of(dict(zip((f.encode() for f in fields), values, strict=True)))
+        meta = self.worker_keys(worker).meta
+        (values,) = await self._batch([(meta, ("HMGET", meta, *META_FENCE), {})])
+        return fence_of(dict(zip(_FENCE_FIELDS, values, strict=True)))
 
     async def get_session(self, session_id: str) -> SessionView | None:
         """Where the session is, with the parts hash of each worker holding some of it to name
