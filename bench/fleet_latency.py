@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import os
 import statistics
 import sys
@@ -104,6 +105,37 @@ def shards(ports: list[int]) -> list[Shard]:
                 memory=int(info["used_memory"]),
             )
         )
+    return out
+
+
+SLOW_MICROSECONDS = 5_000
+"""Commands at least this long are kept in each shard's SLOWLOG and named per point."""
+SCRIPTS = {
+    hashlib.sha1(path.read_bytes()).hexdigest(): path.stem
+    for path in (REPO / "store" / "redis" / "lua").glob("*.lua")
+}
+"""kvsi's scripts by the SHA1 that EVALSHA names them with."""
+
+
+def slowlog_reset(ports: list[int]) -> None:
+    for port in ports:
+        with redis.Redis(port=port) as client:
+            client.config_set("slowlog-log-slower-than", SLOW_MICROSECONDS)
+            client.slowlog_reset()
+
+
+def slow_commands(ports: list[int]) -> dict[str, list[float]]:
+    """The shards' SLOWLOG since the reset: each command's (a script's name) durations, ms."""
+    out: dict[str, list[float]] = {}
+    for port in ports:
+        with redis.Redis(port=port) as client:
+            entries = client.slowlog_get(1024)
+        for entry in entries:
+            args = bytes(entry["command"]).decode(errors="replace").split()[:2]
+            name = args[0].upper() if args else "?"
+            if name == "EVALSHA" and len(args) > 1:
+                name = SCRIPTS.get(args[1], args[1][:8])
+            out.setdefault(name, []).append(entry["duration"] / 1000)
     return out
 
 
@@ -340,10 +372,12 @@ async def point(
         await settled(bases[0])
     idle = await idle_window(ports, bases[1:], args.idle)
     events = await asyncio.to_thread(applied, bases[1:])
+    await asyncio.to_thread(slowlog_reset, ports)
     before = await asyncio.to_thread(shards, ports)
     started = time.monotonic()
     report = await measure(args, fleet, bases, port, rps, None)
     after = await asyncio.to_thread(shards, ports)
+    report["slow_commands"] = await asyncio.to_thread(slow_commands, ports)
     wall = time.monotonic() - started
     events = await asyncio.to_thread(applied, bases[1:]) - events
     load = window(before, after, wall, events)
@@ -365,10 +399,20 @@ async def point(
     print(line(report), flush=True)
     print(redis_line(report), flush=True)
     print(stalls_line(report), flush=True)
+    print(slow_line(report), flush=True)
     for kind in report["kinds"].values():
         for why, body in kind["error_examples"].items():
             print(f"    {why}: {body}", flush=True)
     return report
+
+
+def slow_line(r: dict[str, Any]) -> str:
+    """The commands the shards ran for 5 ms or longer during the point: name, count, longest."""
+    named = ", ".join(
+        f"{name} x{len(ms)} (longest {max(ms):.1f} ms)"
+        for name, ms in sorted(r["slow_commands"].items(), key=lambda kv: -max(kv[1]))
+    )
+    return f"    commands over {SLOW_MICROSECONDS / 1000:g} ms on the shards: {named or 'none'}"
 
 
 def stalls_line(r: dict[str, Any]) -> str:
