@@ -133,6 +133,16 @@ async def test_without_rank_in_the_template_a_pod_is_ranked_on_all_its_ranks() -
     )
 
 
+async def test_a_pod_is_live_only_if_its_ranks_holding_nothing_are_too() -> None:
+    store = MemoryStore()
+    await stored(store, A, 0, EntriesStored([1, 2], "GPU", 0, "s"))
+    await store.set_status(A1, WorkerStatus(WorkerState.DEGRADED, 1.0, "gap"))
+    per_pod = create_app(store, hint_options=HintOptions(namespace="llm", endpoint="{pod}-rank-0"))
+    async with client_for(per_pod) as client:
+        pod = await get_json(client, "/v1/sessions/s/hint")
+    assert (pod["pod"], pod["session_blocks"], pod["state"]) == ("pod-a", 2, "degraded")
+
+
 async def test_a_label_hint_names_the_pod_and_namespaces_follow_the_longest_prefix() -> None:
     store = MemoryStore()
     await stored(store, WorkerKey("team-a-vllm-0", 0), 0, EntriesStored([1], "GPU", 0, "s"))
