@@ -57,7 +57,7 @@ def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
     last: EntriesRemoved | None = None
     merged = False
     for event in events:
-        if type(event) is EntriesRemoved:
+        if isinstance(event, EntriesRemoved):  # the ingest decoder's events are subclasses
             if (
                 last is not None
                 and event.medium == last.medium
