@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping
-from functools import partial
-from operator import is_not
 from typing import Final, Generic, TypeVar
 
 from kvsi.store.feed import ResidencyRow
@@ -37,9 +35,6 @@ from kvsi.store.model import (
 from kvsi.store.records import ABSENT, Holders, Part, Removed, Residency
 from kvsi.store.tokens import Edge, TokenTree
 
-_SET_HOLDS: Final[Callable[[Holders | bool, Residency], bool]] = set.__contains__  # type: ignore[assignment]
-"""`set.__contains__` as a function of any holder: TypeError unless it is a set."""
-
 _NOT_HELD: Final = itertools.repeat(False)
 """Defaults of a removal's `holders.pop`: False, never a holder."""
 
@@ -55,24 +50,25 @@ def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
     """
     out: list[StoreEvent] = []
     last: EntriesRemoved | None = None
-    merged = False
+    run: list[Hash] | None = None  # the merged removal ending `out`'s hashes, grown in place
     for event in events:
-        if type(event) is EntriesRemoved:
+        if isinstance(event, EntriesRemoved):  # the ingest decoder's events are subclasses
             if (
                 last is not None
                 and event.medium == last.medium
                 and event.group_idx == last.group_idx
             ):
-                last = out[-1] = EntriesRemoved(
-                    last.block_hashes + event.block_hashes, last.medium, last.group_idx
-                )
-                merged = True
+                if run is None:
+                    run = list(last.block_hashes)
+                    out[-1] = EntriesRemoved(run, last.medium, last.group_idx)
+                run += event.block_hashes
                 continue
             last = event
         else:
             last = None
+        run = None
         out.append(event)
-    return out if merged else events
+    return out if len(out) < len(events) else events
 
 
 P = TypeVar("P", bound=Part)
@@ -408,16 +404,13 @@ class WorkerIndex(Generic[P, R]):
 
 
 def _holds_all(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]) -> bool:
-    """Whether `res` holds every one of `hashes` already, alone or with others; in C loops
-    (map, filter, count), not a Python one: engines report the reuse of a whole prefix."""
-    found = list(map(holders.get, hashes, _NOT_HELD))
-    if found.count(res) == len(found):
-        return True
-    try:  # the rest must be sets holding `res`; None, False or another residency raise
-        rest = filter(partial(is_not, res), found)
-        return all(map(_SET_HOLDS, rest, itertools.repeat(res)))
-    except TypeError:
-        return False
+    """Whether `res` holds every one of `hashes` already, alone or with others: engines
+    report the reuse of a whole prefix, often one several sessions share (a system prompt),
+    so a plain loop: a set's own `in` costs less than the C calls that would route to it."""
+    for cur in map(holders.get, hashes):
+        if cur is not res and (type(cur) is not set or res not in cur):
+            return False
+    return True
 
 
 def _hold_each(

@@ -50,12 +50,11 @@ from kvsi.store.redis.plan import (
     HSET,
     HSETNX,
     INDEX_ADD,
-    INDEX_DEL,
     LPUSH,
     LTRIM,
+    REMOVE_INDEXED,
     SADD,
     SREM,
-    SREM1,
     STORE_INDEXED,
     XADD,
     ZADD,
@@ -287,16 +286,17 @@ class Mirror:
     def _remove_in(
         self, plan: Plan, part: RedisPart, hashes: list[Hash], touched: dict[str, MirrorResidency]
     ) -> None:
-        """Removals, grouped per set; a set losing one member (the common case: evicted
-        blocks of many sessions) goes in one SREM1 op with the others (two args each)."""
+        """Removals, grouped per set, each member also out of the entry index: every entry
+        gone was an orphan or held by a session (a holder set has two or more), so the sets'
+        SREMs name each once at least; a set losing one member (the common case: evicted
+        blocks of many sessions) goes in one REMOVE1_INDEXED op with the others (two args
+        each)."""
         out = self.index.remove(part, hashes, 1)
         self._unlink_in(plan, out.unlinked)
+        base = part.entry_base
         orphans = out.orphans()
         if orphans:
-            plan.call(SREM, part.orphans_key, members(orphans))
-        gone = out.gone()
-        if gone:
-            plan.index(INDEX_DEL, part.entry_base, members(gone))
+            plan.index(REMOVE_INDEXED, base, members(orphans), part.orphans_key)
         sessions = out.sessions()
         if not sessions:
             return
@@ -311,10 +311,10 @@ class Mirror:
                 single_keys.append(key)
                 singles.append(group[0])
             else:
-                plan.call(SREM, key, members(group))
+                plan.index(REMOVE_INDEXED, base, members(group), key)
             touched[sid] = res
         if singles:
-            plan.singles(SREM1, single_keys, members(singles))
+            plan.index_singles(base, single_keys, members(singles))
 
     def _clear_in(self, plan: Plan, touched: dict[str, MirrorResidency]) -> None:
         emptied = self.index.clear()

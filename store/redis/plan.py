@@ -21,8 +21,6 @@ MAX_ARGS = 4000
 # Op codes, as apply.lua's CMD table maps them to commands (a whitelist, not free text).
 SADD = "a"
 SREM = "r"
-SREM1 = "R"
-"""One SREM of one member per key, for `count` keys: the op's args are the members."""
 HSET = "h"
 HSETNX = "n"
 HDEL = "H"
@@ -35,11 +33,15 @@ SUNIONSTORE = "u"
 XADD = "x"
 STORE_INDEXED = "F"
 """SADD to the op's key, and each member into the entry index (apply.lua buckets it)."""
+REMOVE_INDEXED = "E"
+"""SREM from the op's key, and each member out of the entry index."""
+REMOVE1_INDEXED = "S"
+"""One SREM of one member per key, for `count` keys (the op's args are the members), and
+each member out of the entry index."""
 INDEX_ADD = "I"
-INDEX_DEL = "G"
-"""Members into (I) or out of (G) the entry index; no key of their own."""
+"""Members into the entry index; no key of their own."""
 INDEX_BASE = "B"
-"""The op's key starts the entry-index bucket names the next F/I/G ops write (a part's)."""
+"""The op's key starts the entry-index bucket names the next F/E/S/I ops write (a part's)."""
 
 
 class Plan:
@@ -78,29 +80,16 @@ class Plan:
         if other._base is not None:
             self._base = other._base
 
-    def singles(self, code: str, keys: Sequence[str], args: Sequence[Arg]) -> None:
-        """One command per key with one arg each (`code` SREM1): two args per key, not four.
-
-        apply.lua runs them one by one (no `unpack`), so any count fits in one op.
-        """
-        ops = self.ops
-        ops.append(code)
-        ops.append(len(keys))
-        ops += args
-        self.keys += keys
-
     def index(self, code: str, base: str, members: Sequence[Arg], key: str | None = None) -> None:
         """Entry-index changes of one part (`base`: `WorkerKeys.entry_base`), in op order:
-        INDEX_ADD or INDEX_DEL, or STORE_INDEXED, which also SADDs `members` to `key`.
+        INDEX_ADD, or STORE_INDEXED / REMOVE_INDEXED, which also SADD `members` to / SREM
+        them from `key`.
 
         apply.lua works out each member's bucket and writes every bucket once, at the end of
         the call (or before a DEL): the client sends no per-bucket keys or groups, and a
-        member stored by a session is sent once, not twice.
+        member a session stores or loses is sent once, not twice.
         """
-        if base != self._base:
-            self.keys.append(base)
-            self.ops += (INDEX_BASE, 0)
-            self._base = base
+        self._use_base(base)
         for start in range(0, len(members), MAX_ARGS):
             chunk = members[start : start + MAX_ARGS]
             if key is not None:
@@ -108,6 +97,26 @@ class Plan:
             self.ops.append(code)
             self.ops.append(len(chunk))
             self.ops += chunk
+
+    def index_singles(self, base: str, keys: Sequence[str], members: Sequence[Arg]) -> None:
+        """REMOVE1_INDEXED: one member out of each of `keys`, two args per key, not four,
+        and out of the entry index of the part `base` names.
+
+        apply.lua runs them one by one (no `unpack`), so any count fits in one op.
+        """
+        self._use_base(base)
+        ops = self.ops
+        ops.append(REMOVE1_INDEXED)
+        ops.append(len(keys))
+        ops += members
+        self.keys += keys
+
+    def _use_base(self, base: str) -> None:
+        """The entry-index base the next ops write (INDEX_BASE, only when it changes)."""
+        if base != self._base:
+            self.keys.append(base)
+            self.ops += (INDEX_BASE, 0)
+            self._base = base
 
     def delete(self, keys: Sequence[str]) -> None:
         """DEL of many keys."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,8 @@ from kvsi.store.core import merged_removals
 from kvsi.store.feed import FeedRecord
 from kvsi.store.memory import MemoryStore
 from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, StoreEvent, WorkerKey
+from kvsi.subscriber import wire
+from kvsi.subscriber.decode import ingest_decoder
 from tests.store.snapshots import snapshot
 
 W = WorkerKey("pod-a", 0)
@@ -44,6 +47,23 @@ def test_runs_of_removals_from_one_part_become_one_in_order() -> None:
     assert events[0] == EntriesRemoved([1], "GPU", 0)  # the batch's own events untouched
     alone = [stored, EntriesRemoved([1], "GPU", 0), stored]
     assert merged_removals(alone) is alone
+
+
+def test_the_ingest_decoders_removals_are_merged() -> None:
+    """The decoders' events are subclasses of the store's: a run of vLLM's one-block
+    BlockRemoved events from a stream merges as the store's own events do."""
+    payload = msgspec.msgpack.encode(
+        wire.KVEventBatch(
+            ts=1.0,
+            events=[
+                wire.BlockRemoved(block_hashes=[1], medium="GPU"),
+                wire.BlockRemoved(block_hashes=[2], medium="GPU"),
+            ],
+        )
+    )
+    for tokens in (False, True):
+        events = ingest_decoder(tokens=tokens).decode(payload).events
+        assert merged_removals(events) == [EntriesRemoved([1, 2], "GPU", None)]
 
 
 def _events(drawn: list[tuple[str, tuple[str, int], list[int], int]]) -> list[StoreEvent]:

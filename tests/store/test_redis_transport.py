@@ -1,4 +1,5 @@
-"""The apply path's wire: single-member removals (SREM1), the entry index apply.lua buckets
+"""The apply path's wire: removals with their entry-index marks (REMOVE_INDEXED, and
+REMOVE1_INDEXED for single members), the entry index apply.lua buckets
 itself, and DirectScript's auto-pipelining.
 
 Every index test compares with the memory store through the read side (see
@@ -29,7 +30,7 @@ from kvsi.store.model import (
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys, bucket, member
 from kvsi.store.redis.mirror import Mirror
-from kvsi.store.redis.plan import INDEX_BASE, INDEX_DEL, SREM1
+from kvsi.store.redis.plan import INDEX_BASE, REMOVE1_INDEXED, REMOVE_INDEXED
 from kvsi.store.redis.transport import ClusterDirectScript, DirectScript, _Pipe
 from tests.redis_servers import RedisClusterServers
 from tests.store.conftest import MakeStore
@@ -48,9 +49,9 @@ def test_removals_of_one_member_per_session_go_in_one_op() -> None:
         Batch(1, 2.0, [EntriesRemoved([0, 1, 2, 102, 103])]), ApplyOutcome.APPLIED, "v2", 0.0
     )
     keys = WorkerKeys("p", WORKERS[0])
-    assert plan.ops[:9] == [INDEX_BASE, 0, INDEX_DEL, 5, 0, 1, 2, 102, 103]  # out of the index
-    assert plan.ops[9:13] == ["r", 2, 2, 102]  # s2 loses both of its blocks: a plain SREM
-    assert plan.ops[13:18] == [SREM1, 3, 0, 1, 103]  # s0, s1, s3 lose one each
+    assert plan.ops[:2] == [INDEX_BASE, 0]
+    assert plan.ops[2:6] == [REMOVE_INDEXED, 2, 2, 102]  # s2 loses both of its blocks
+    assert plan.ops[6:11] == [REMOVE1_INDEXED, 3, 0, 1, 103]  # s0, s1, s3 lose one each
     assert plan.keys[2:4] == [keys.entry_base(0), keys.session(0, "s2")]
     assert plan.keys[4:7] == [keys.session(0, f"s{i}") for i in (0, 1, 3)]
 
@@ -84,6 +85,24 @@ async def test_apply_lua_buckets_the_entry_index_as_python_does(
     gone = hashes[::3]
     await store.apply(WORKERS[0], Batch(1, 2.0, [EntriesRemoved(gone)]))
     assert sum(raw.scard(key) for key in keys.entries(0)) == len(set(hashes) - set(gone))
+
+
+async def test_removals_take_their_members_out_of_the_entry_index(
+    make_store: MakeStore, raw: Any, prefix: str
+) -> None:
+    """Every removal op marks its members out of the index: sessions losing one block each
+    (REMOVE1_INDEXED, one of them a block two sessions hold), a session losing several and
+    blocks of no session (REMOVE_INDEXED)."""
+    store = await make_store()
+    stored = [EntriesStored([10 * i + j for j in range(4)], "GPU", 0, f"s{i}") for i in range(4)]
+    stored += [EntriesStored([30], "GPU", 0, "s4"), EntriesStored([100, 101], "GPU", 0, None)]
+    await store.apply(WORKERS[0], Batch(0, 1.0, stored))
+    gone = [0, 10, 30, 20, 21, 22, 100]
+    await store.apply(WORKERS[0], Batch(1, 2.0, [EntriesRemoved(gone)]))
+    keys = WorkerKeys(prefix, WORKERS[0])
+    held = {str(e.block_hashes[j]).encode() for e in stored for j in range(len(e.block_hashes))}
+    held -= {str(h).encode() for h in gone}
+    assert set().union(*(raw.smembers(key) for key in keys.entries(0))) == held
 
 
 async def test_mixed_batches_match_the_memory_store(make_store: MakeStore) -> None:

@@ -13,13 +13,15 @@
 --            is missing or older (store.model.fell_behind) means the store lost data, and
 --            the call returns "lost" with the stored seq, writing nothing
 -- ARGV[7..]  ops, each: code, count, args... (store/redis/plan.py): an op takes the next
---            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for R
---            (SREM of one member per key) the next `count` keys and `count` args, one
---            each. An XADD op (the change feed's record) runs only here, after the checks:
---            a duplicate or stale call adds nothing, so each applied batch is in the feed once.
+--            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for S
+--            (below) the next `count` keys and `count` args, one each. An XADD op (the
+--            change feed's record) runs only here, after the checks: a duplicate or stale
+--            call adds nothing, so each applied batch is in the feed once.
 --            Entry index: B takes the next key as the base of the bucket names that follow
 --            (a part's `P:{W}:e:<pid>:`); F SADDs its `count` args to the next key and marks
---            each in the index, I marks args in it, G marks them out of it (no key). Marks
+--            each in the index, E SREMs them from the next key and marks each out of it, S
+--            SREMs one member per key (the next `count` keys) and marks each out, I marks
+--            args in the index (no key). Marks
 --            are kept per member, the last one winning, and written once per bucket at the
 --            end of the call, or before a DEL (which may delete buckets). The bucket keys are
 --            named here, not declared: keys of the same worker, so of the declared keys' slot
@@ -33,7 +35,6 @@ local CMD = {
   z = 'ZADD', Z = 'ZREM', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
   e = 'EXPIRE',
 }
-local ONE = {R = 'SREM'}
 local CHUNK = 4000
 
 -- A member's entry-index bucket, as store.redis.layout.bucket computes it from the hash:
@@ -139,13 +140,22 @@ end
 local i, k, n = 7, 3, #ARGV
 while i <= n do
   local code, count = ARGV[i], tonumber(ARGV[i + 1])
-  local one = ONE[code]
-  if code == 'F' or code == 'I' or code == 'G' then
+  if code == 'F' or code == 'E' or code == 'I' then
     if code == 'F' then
       redis.call('SADD', KEYS[k], unpack(ARGV, i + 2, i + 1 + count))
       k = k + 1
+    elseif code == 'E' then
+      redis.call('SREM', KEYS[k], unpack(ARGV, i + 2, i + 1 + count))
+      k = k + 1
     end
-    mark(i + 2, i + 1 + count, code ~= 'G')
+    mark(i + 2, i + 1 + count, code ~= 'E')
+    i = i + 2 + count
+  elseif code == 'S' then
+    for j = 0, count - 1 do
+      redis.call('SREM', KEYS[k + j], ARGV[i + 2 + j])
+    end
+    mark(i + 2, i + 1 + count, false)
+    k = k + count
     i = i + 2 + count
   elseif code == 'B' then
     base = KEYS[k]
@@ -156,12 +166,6 @@ while i <= n do
     end
     k = k + 1
     i = i + 2
-  elseif one then
-    for j = 0, count - 1 do
-      redis.call(one, KEYS[k + j], ARGV[i + 2 + j])
-    end
-    k = k + count
-    i = i + 2 + count
   elseif code == 'd' or code == 'u' then
     if code == 'd' then
       flush()
