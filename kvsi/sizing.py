@@ -75,7 +75,7 @@ class Measured:
     """(workers, µs of the API process's CPU per `match_prefix`) as measured, nearly flat.
     directory_reads.py, "Reads that cost the same at every fleet size"."""
 
-    api_us_per_route: float = 1_755.0
+    api_us_per_route: float = 1_027.0
     """µs of `kvsi serve`'s CPU per `POST /v1/route` over HTTP on the memory store (100
     workers): the HTTP server, the app, the memory store's reads, the log line.
     api_cpu.py, "For the sizing model"."""
