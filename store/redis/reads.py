@@ -124,7 +124,7 @@ _FENCE_FIELDS = [name.encode() for name in META_FENCE]
 
 def fence_of(meta: Mapping[bytes, bytes | None]) -> Fence | None:
     """The fence in a worker's meta hash, None before its first batch."""
-    seq, epoch, last = (meta.get(name.encode()) for name in META_FENCE)
+    seq, epoch, last = map(meta.get, _FENCE_FIELDS)
     if seq is None or epoch is None or last is None:
         return None
     return Fence(seq=int(seq), epoch_ts=float(epoch), last_ts=float(last))
@@ -418,6 +418,15 @@ class RedisReader:
         for _, args, options in commands:
             pipe.execute_command(*args, **options)
         return cast(list[Any], await pipe.execute(raise_on_error=raise_on_error))
+
+    async def _batches(self, commands: Sequence[Command], per_round: int) -> list[Any]:
+        """`_batch` of `per_round` commands at a time: a pass over the fleet holds the event
+        loop (and each node) for one round's replies at a time, and the routes' reads
+        interleave."""
+        out: list[Any] = []
+        for start in range(0, len(commands), per_round):
+            out += await self._batch(commands[start : start + per_round])
+        return out
 
     async def fence(self, worker: WorkerKey) -> Fence | None:
         """Read from Redis (not a mirror): another replica may have advanced it. O(1)."""
@@ -762,14 +771,12 @@ class RedisReader:
         """HGETALL of each registered worker's meta hash, `LIST_CHUNK` workers per round
         trip. O(workers)."""
         workers = await self._known()
-        views = []
-        for start in range(0, len(workers), LIST_CHUNK):
-            chunk = workers[start : start + LIST_CHUNK]
-            metas = await self._batch(
-                [(m, ("HGETALL", m), {}) for m in (self.worker_keys(w).meta for w in chunk)]
-            )
-            views += [_view(w, meta) for w, meta in zip(chunk, metas, strict=True) if meta]
+        reads: list[Command] = [
+            (m, ("HGETALL", m), {}) for m in (self.worker_keys(w).meta for w in workers)
+        ]
+        metas = await self._batches(reads, LIST_CHUNK)
         # A meta gone (empty) was removed by another process since the registry was read.
+        views = [_view(w, meta) for w, meta in zip(workers, metas, strict=True) if meta]
         self._keep_states({WorkerKey(v.pod, v.dp_rank): v.status.state for v in views})
         return views
 

@@ -53,6 +53,7 @@ from kvsi.store.redis.layout import (
     worker_member,
 )
 from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
+from kvsi.store.redis.node_reads import Command
 from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
 from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua
 from kvsi.store.redis.transport import (
@@ -189,7 +190,6 @@ class RedisStore(RedisReader, RedisInstances):
         self._feed_length = feed_length
         self._status_script: AsyncScript = client.register_script(lua("status"))
         apply_script = client.register_script(lua("apply"))
-        cluster = isinstance(client, RedisCluster)
         self._direct: DirectScript | ClusterDirectScript = (
             ClusterDirectScript(client, apply_script)
             if isinstance(client, RedisCluster)
@@ -204,7 +204,7 @@ class RedisStore(RedisReader, RedisInstances):
             self._scripted,
             self._unhint_script,
             client.register_script(lua("mark")),
-            inline=not cluster,
+            inline=isinstance(self._direct, DirectScript),
         )
         self._writers: dict[WorkerKey, _Writer] = {}
         self._token_prefix = secrets.token_hex(6) + "."
@@ -698,14 +698,8 @@ class RedisStore(RedisReader, RedisInstances):
         forgotten = 0
         for start in range(0, len(ids), MAX_ARGS):
             chunk = ids[start : start + MAX_ARGS]
-            scores = []
-            for first in range(0, len(sources), EXPIRE_CHUNK):  # the routes' reads interleave
-                scores += await self._batch(
-                    [
-                        (s.seen, ("ZMSCORE", s.seen, *chunk), {})
-                        for s in sources[first : first + EXPIRE_CHUNK]
-                    ]
-                )
+            reads: list[Command] = [(s.seen, ("ZMSCORE", s.seen, *chunk), {}) for s in sources]
+            scores = await self._batches(reads, EXPIRE_CHUNK)
             forgotten += sum(1 for i in range(len(chunk)) if all(s[i] is None for s in scores))
         return forgotten
 

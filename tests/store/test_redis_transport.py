@@ -269,15 +269,23 @@ async def _stream_into(store: RedisStore, ref: MemoryStore, seqs: range) -> None
     await asyncio.gather(*(stream(w) for w in WORKERS))
 
 
+async def _streamed_direct(
+    store: RedisStore, seqs: range
+) -> tuple[MemoryStore, ClusterDirectScript]:
+    """The reference after `seqs` streamed into both, and the store's cluster direct path."""
+    ref = MemoryStore()
+    await _stream_into(store, ref, seqs)
+    direct = store._direct
+    assert isinstance(direct, ClusterDirectScript)
+    return ref, direct
+
+
 @pytest.mark.cluster
 async def test_on_a_cluster_calls_go_straight_to_the_slots_node_auto_pipelined(
     cluster_stores: tuple[RedisStore, RedisStore],
 ) -> None:
     store, reader = cluster_stores
-    ref = MemoryStore()
-    await _stream_into(store, ref, range(12))
-    direct = store._direct
-    assert isinstance(direct, ClusterDirectScript)
+    ref, direct = await _streamed_direct(store, range(12))
     client = store._client
     assert isinstance(client, RedisCluster)
     nodes = {
@@ -330,10 +338,7 @@ async def test_on_a_cluster_a_dropped_connection_fails_its_calls_then_heals(
     cluster_stores: tuple[RedisStore, RedisStore],
 ) -> None:
     store, reader = cluster_stores
-    ref = MemoryStore()
-    await _stream_into(store, ref, range(4))
-    direct = store._direct
-    assert isinstance(direct, ClusterDirectScript)
+    ref, direct = await _streamed_direct(store, range(4))
     pipes = list(direct._pipes.values())
     second = Batch(4, 5.0, [EntriesStored([41], "GPU", 0, "s"), EntriesRemoved([11])])
     for w in WORKERS:
