@@ -28,6 +28,7 @@ from kvsi.store.model import (
     Fence,
     Hash,
     StoreEvent,
+    WorkerLosses,
     idle,
     next_position,
     release,
@@ -103,10 +104,18 @@ class WorkerIndex(Generic[P, R]):
         self._batch = 0
         self._changed: list[Residency] = []
         """Residencies whose entries the current write changed, for the change feed."""
+        self._forgiven: list[Residency] = []
+        """Residencies a store of the current write reset `lost` of (`_settle_changed`)."""
         self._closed: list[ResidencyRow] = []
         """Rows of residencies the current write ended (a clear, an expiry)."""
         self.tokens = TokenTree()
         """Dynamo's edges of the entries (empty unless stores carry `tokens_hashes`)."""
+        self.hurt = 0
+        """Residencies that lost entries since their last store; `lost_blocks` and
+        `lost_tokens` their sums (`losses`), settled per residency a write changed
+        (`_settle`), so that reading them costs nothing per residency."""
+        self.lost_blocks = 0
+        self.lost_tokens = 0
 
     # -- parts and residencies ------------------------------------------------------------
 
@@ -134,6 +143,65 @@ class WorkerIndex(Generic[P, R]):
         res.last_store = last_store
         self.residencies[res.session_id] = res
         return res
+
+    def load_losses(self, res: R, lost: int, block_size: int | None) -> None:
+        """A loaded residency's lost entries and block size, as read back from a store."""
+        res.lost = 0
+        self._settle(res)
+        res.block_size = block_size
+        res.lost = lost
+        self._settle(res)
+
+    def losses(self) -> WorkerLosses:
+        """What eviction took from the worker's residencies: O(residencies this write
+        changed), not O(residencies)."""
+        self._settle_changed()
+        return WorkerLosses(
+            sessions_hurt=self.hurt,
+            lost_blocks=self.lost_blocks,
+            reprefill_tokens=self.lost_tokens,
+        )
+
+    def _settle(self, res: Residency) -> None:
+        """The worker's sums take `res.lost` in place of what they counted of it (`summed`).
+        The sums hold `summed * block_size` of each residency: its block size changes only
+        at a store, which settles it first."""
+        lost, summed = res.lost, res.summed
+        if lost == summed:
+            return
+        if not summed:
+            self.hurt += 1
+        elif not lost:
+            self.hurt -= 1
+        self.lost_blocks += lost - summed
+        self.lost_tokens += (lost - summed) * (res.block_size or 0)
+        res.summed = lost
+
+    def _settle_changed(self) -> None:
+        """`_settle` each residency this write changed (`_changed`: every residency a
+        removal counted `lost` up in) or forgave (`_forgiven`: a store reset its `lost`),
+        summed here and added once: the hot path only counts and appends."""
+        changed = self._changed
+        if self._forgiven:
+            changed = changed + self._forgiven
+            self._forgiven = []
+        hurt = blocks = tokens = 0
+        for res in changed:
+            more = res.lost - res.summed
+            if more:
+                if not res.summed:
+                    hurt += 1
+                elif not res.lost:
+                    hurt -= 1
+                res.summed = res.lost
+                blocks += more
+                size = res.block_size
+                if size:
+                    tokens += more * size
+        if blocks or hurt:
+            self.hurt += hurt
+            self.lost_blocks += blocks
+            self.lost_tokens += tokens
 
     def idle(self, older_than: float, limit: int) -> list[R]:
         """Up to `limit + 1` residencies, least recently stored first, while `idle`."""
@@ -168,6 +236,8 @@ class WorkerIndex(Generic[P, R]):
     def begin(self) -> None:
         """Start a write: the change feed's rows count its changes from here."""
         self._batch += 1
+        if self._changed or self._forgiven:  # a write that ended without its rows
+            self._settle_changed()
         self._changed = []
         self._closed = []
 
@@ -177,6 +247,8 @@ class WorkerIndex(Generic[P, R]):
         them when read); a residency a clear ended mid-write has its own row with 0
         entries, and a later store a second row."""
         rows = self._closed
+        if self._changed or self._forgiven:
+            self._settle_changed()
         if self._changed:
             rows += [ResidencyRow(r.session_id, r.added, r.removed, r.total) for r in self._changed]
             self._changed = []
@@ -226,9 +298,14 @@ class WorkerIndex(Generic[P, R]):
             key = res.session_id
             del residencies[key]  # to the end: the dict stays in last-store order
             residencies[key] = res
-        res.lost = 0
-        if event.block_size is not None:
-            res.block_size = event.block_size
+        if res.lost:
+            res.lost = 0
+            self._forgiven.append(res)
+        size = event.block_size
+        if size is not None and size != res.block_size:
+            if res.summed:  # out of the sums at the size they counted it at
+                self._settle(res)
+            res.block_size = size
         if hashes:
             parent = event.parent_block_hash
             res.position = next_position(res.position, res.frontier, parent, hashes)
@@ -315,6 +392,8 @@ class WorkerIndex(Generic[P, R]):
                 res.in_others.clear()
                 res.lost += res.total
                 res.total = 0
+            if res.lost != res.summed:
+                self._settle(res)
         self._changed = []
         for part in self.by_pid.values():
             part.holders.clear()
@@ -357,6 +436,8 @@ class WorkerIndex(Generic[P, R]):
         if res.total:
             self.active -= 1
             self._closed.append(ResidencyRow(sid, 0, res.total, 0))
+        res.lost = 0
+        self._settle(res)
         del self.residencies[sid]
         return orphaned
 

@@ -41,7 +41,6 @@ from kvsi.store.model import (
     fell_behind,
     idle,
     reprefill_tokens,
-    tally_losses,
 )
 from kvsi.store.paging import SessionOrder, page_hashes, page_sessions
 from kvsi.store.records import Part, Residency
@@ -431,14 +430,8 @@ class MemoryStore:
         ]
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
-        """Summed from every residency: O(residencies), a worker at a time with a yield to
-        the event loop after each (all at once, a large index would stall requests)."""
-        out = {}
-        for key, w in list(self._workers.items()):
-            residencies = list(w.index.residencies.values())
-            out[key] = tally_losses((r.lost, r.block_size) for r in residencies)
-            await asyncio.sleep(0)
-        return out
+        """Each worker's sums, kept by its index as residencies change: O(workers)."""
+        return {key: w.index.losses() for key, w in self._workers.items()}
 
     async def worker_states(self) -> Mapping[WorkerKey, WorkerState]:
         """Exact: the workers' states as they are, made anew after a change (`_states`)."""

@@ -6,7 +6,6 @@ Imports neither zmq nor fastapi; msgspec only, so both sides share these types c
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
@@ -311,17 +310,6 @@ class WorkerLosses(msgspec.Struct, frozen=True):
     lost_blocks: int = 0
     reprefill_tokens: int = 0
     """Sum of the residencies' `reprefill_tokens` (those of unknown block size left out)."""
-
-
-def tally_losses(residencies: Iterable[tuple[int, int | None]]) -> WorkerLosses:
-    """`WorkerLosses` of (lost blocks, block size) per residency of one worker."""
-    hurt = lost = tokens = 0
-    for n, size in residencies:
-        if n:
-            hurt += 1
-            lost += n
-            tokens += n * (size or 0)
-    return WorkerLosses(sessions_hurt=hurt, lost_blocks=lost, reprefill_tokens=tokens)
 
 
 T = TypeVar("T")

@@ -7,10 +7,10 @@ and the index core's part and residency with the names and values of their keys 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from kvsi.store.model import U64_MASK, Hash, WorkerKey
+from kvsi.store.model import U64_MASK, Hash, WorkerKey, WorkerLosses
 from kvsi.store.records import Part, Residency
 from kvsi.store.tokens import Edge
 
@@ -247,6 +247,34 @@ def decode_progress(raw: bytes) -> Progress:
     if text:
         frontier = bytes.fromhex(text[1:].decode()) if text[:1] == b"x" else int(text)
     return Progress(int(lost), int(size) if size else None, frontier, int(at) if at else None)
+
+
+LOSS_FIELDS = ("l_hurt", "l_blocks", "l_tokens")
+"""Meta fields of the worker's loss sums (`store.model.WorkerLosses`, in its field order):
+written by its writer with every write, lowered by expire.lua when it drops a residency
+that lost blocks; a worker written before they existed has none."""
+
+
+def loss_fields(losses: WorkerLosses) -> list[str | int]:
+    """`LOSS_FIELDS` and their values, for a meta HSET."""
+    return [
+        LOSS_FIELDS[0],
+        losses.sessions_hurt,
+        LOSS_FIELDS[1],
+        losses.lost_blocks,
+        LOSS_FIELDS[2],
+        losses.reprefill_tokens,
+    ]
+
+
+def decode_losses(values: Sequence[bytes | None]) -> WorkerLosses | None:
+    """The HMGET of `LOSS_FIELDS`; None for a meta without them."""
+    hurt, blocks, tokens = values
+    if hurt is None or blocks is None or tokens is None:
+        return None
+    return WorkerLosses(
+        sessions_hurt=int(hurt), lost_blocks=int(blocks), reprefill_tokens=int(tokens)
+    )
 
 
 def roster_key(prefix: str) -> str:

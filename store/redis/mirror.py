@@ -42,6 +42,7 @@ from kvsi.store.redis.layout import (
     bucket,
     edge_field,
     encode_part,
+    loss_fields,
     member,
     members,
 )
@@ -145,7 +146,8 @@ class Mirror:
         """Load one residency (oldest first: `WorkerIndex.residencies` is in last-store order)."""
         res = self.index.add_residency(session_id, last_store)
         res.last_store_text = repr(last_store)
-        res.lost, res.block_size, res.frontier, res.position = progress
+        lost, block_size, res.frontier, res.position = progress
+        self.index.load_losses(res, lost, block_size)
         return res
 
     # -- writes: each mutates the copy and returns the Plan that makes Redis agree ---------
@@ -510,6 +512,7 @@ class Mirror:
                 index.active,
                 "unconfirmed",
                 index.unconfirmed(),
+                *loss_fields(index.losses()),
                 *meta,
             ],
         )

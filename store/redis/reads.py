@@ -45,11 +45,13 @@ from kvsi.store.paging import (
 )
 from kvsi.store.redis.feed import FeedPump, stream_ends
 from kvsi.store.redis.layout import (
+    LOSS_FIELDS,
     META_FENCE,
     Progress,
     WorkerKeys,
     bucket,
     check_prefix,
+    decode_losses,
     decode_part,
     decode_progress,
     decode_residency,
@@ -83,8 +85,9 @@ fleet (index gauges, the janitor) then hold the event loop for a chunk's replies
 time, not the whole fleet's, and the routes' reads interleave."""
 
 LOSS_CHUNK = 1
-"""Workers `worker_losses` sums per round trip: losses.lua holds Redis for time in
-proportion to a worker's residencies, so reads wait behind at most one worker's sum."""
+"""Workers without loss sums in their meta (written before them) `worker_losses` sums per
+round trip: losses.lua holds Redis for time in proportion to a worker's residencies, so
+reads wait behind at most one worker's sum."""
 
 STATES_READ_SECONDS = 30.0
 """Longest a reader trusts the states counter alone: every worker's state is read again at
@@ -101,6 +104,14 @@ class Seen(NamedTuple):
     res: str | None
     counted: bool
     """Its blocks count in a listing (the listing's pod filter)."""
+    meta: str | None = None
+    """The worker's meta hash (None for `retired`)."""
+
+    def keys(self) -> list[str]:
+        """expire.lua's KEYS for this record."""
+        if self.res is None or self.meta is None:
+            return [self.seen]
+        return [self.seen, self.res, self.meta]
 
 
 class Located(NamedTuple):
@@ -704,7 +715,7 @@ class RedisReader:
     async def _seen_sources(self, pod: str | None) -> list[Seen]:
         """Every record of sessions: the registered workers' and the retired one."""
         sources = [
-            Seen(keys.seen, keys.res, pod is None or w.pod == pod)
+            Seen(keys.seen, keys.res, pod is None or w.pod == pod, keys.meta)
             for w in await self._known()
             for keys in [self.worker_keys(w)]
         ]
@@ -807,19 +818,30 @@ class RedisReader:
         }
 
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
-        """Each registered worker's losses, summed in Redis by losses.lua (HVALS of its
-        residencies, O(residencies) of server time), LOSS_CHUNK workers per
-        round trip so reads interleave; for the metrics refresher, never per request. The
-        client reads four integers per worker and decodes nothing."""
+        """Each registered worker's loss sums (meta `LOSS_FIELDS`, kept by its writer): one
+        HMGET per worker, `LIST_CHUNK` a round trip. A worker whose meta lacks them (written
+        before they existed, and not since) is summed in Redis by losses.lua over its
+        residencies, `LOSS_CHUNK` a round trip. For the metrics refresher, not requests."""
         workers = await self._known()
+        metas = [self.worker_keys(w).meta for w in workers]
+        replies = await self._batches(
+            [(meta, ("HMGET", meta, *LOSS_FIELDS), {}) for meta in metas], LIST_CHUNK
+        )
         out: dict[WorkerKey, WorkerLosses] = {}
-        for start in range(0, len(workers), LOSS_CHUNK):
-            chunk = workers[start : start + LOSS_CHUNK]
+        legacy: list[WorkerKey] = []
+        for w, values in zip(workers, replies, strict=True):
+            losses = decode_losses(values)
+            if losses is None:
+                legacy.append(w)
+            else:
+                out[w] = losses
+        for start in range(0, len(legacy), LOSS_CHUNK):
+            chunk = legacy[start : start + LOSS_CHUNK]
             calls: list[tuple[list[str], list[Arg]]] = [
                 ([self.worker_keys(w).meta, self.worker_keys(w).res], []) for w in chunk
             ]
-            replies = await self._scripted(self._losses_script, calls)
-            for w, (exists, hurt, lost, tokens) in zip(chunk, replies, strict=True):
+            sums = await self._scripted(self._losses_script, calls)
+            for w, (exists, hurt, lost, tokens) in zip(chunk, sums, strict=True):
                 if exists:  # else removed by another process since the registry was read
                     out[w] = WorkerLosses(
                         sessions_hurt=hurt, lost_blocks=lost, reprefill_tokens=tokens

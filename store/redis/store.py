@@ -630,7 +630,7 @@ class RedisStore(RedisReader, RedisInstances):
             replies += await asyncio.gather(
                 *(
                     self._expire_script(
-                        keys=[s.seen] if s.res is None else [s.seen, s.res],
+                        keys=s.keys(),
                         args=[repr(-older_than), limit],
                     )
                     for s in others[start : start + EXPIRE_CHUNK]

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, Hash, WorkerCleared, WorkerKey
+from kvsi.store.model import (
+    Batch,
+    EntriesRemoved,
+    EntriesStored,
+    Hash,
+    WorkerCleared,
+    WorkerKey,
+    WorkerLosses,
+)
 
 Entry = tuple[str, int, Hash]
 Residency = tuple[str, WorkerKey]
@@ -138,6 +146,15 @@ class Reference:
             for (s, w), held in self.residency.items()
             if s == session_id and (held or self.progress[(s, w)].lost)
         }
+
+    def worker_losses(self, worker: WorkerKey) -> WorkerLosses:
+        """What eviction took from the worker's residencies, summed."""
+        hurt = [p for (_, w), p in self.progress.items() if w == worker and p.lost]
+        return WorkerLosses(
+            sessions_hurt=len(hurt),
+            lost_blocks=sum(p.lost for p in hurt),
+            reprefill_tokens=sum(p.lost * (p.block_size or 0) for p in hurt),
+        )
 
 
 def _keys(event: EntriesStored | EntriesRemoved) -> set[Entry]:

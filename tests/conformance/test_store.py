@@ -253,10 +253,13 @@ async def test_random_sequences_match_the_reference_model(
         got = sorted(format_hash(h) for h in page.items) if page else []
         assert got == expected
     views = {WorkerKey(w.pod, w.dp_rank): w for w in await store.list_workers()}
+    losses = await store.worker_losses()
+    assert set(losses) == set(views)
     for worker, view in views.items():
         holding = {s for (s, w), held in ref.residency.items() if w == worker and held}
         assert view.sessions == len(holding)
         assert view.blocks == len(ref.entries.get(worker, set()))
+        assert losses[worker] == ref.worker_losses(worker)
     for sid in ("s1", "s2", "s3"):
         view = await store.get_session(sid)
         want = ref.session_blocks(sid)
