@@ -269,8 +269,10 @@ class Settings(BaseSettings):
     replay_timeout_seconds: float = Field(default=2.0, gt=0)
     """Longest wait for the next message of a replay reply before the attempt fails."""
     replay_attempts: int = Field(default=3, ge=1)
-    """Attempts per replay (each resumes after the last batch received) before the gap is
-    declared lost and the worker degraded."""
+    """Replay attempts in a row that receive nothing before the gap is declared lost and the
+    worker degraded; each resumes after the last batch received, and one that moved the
+    replay on does not count (a ROUTER drops replies at its high-water mark when the store
+    applies slower than the publisher sends)."""
     max_concurrent_replays: int = Field(default=4, ge=1)
     """Replays in flight at once over all publishers, so a fleet reconnecting together does
     not flood its engines and the store."""

@@ -192,7 +192,7 @@ class IndexReader(Protocol):
     async def worker_losses(self) -> dict[WorkerKey, WorkerLosses]:
         """Per known worker, what eviction took from its sessions (`WorkerLosses`), summed
         over its residencies: for the metrics refresher, off every request path.
-        Cost: O(residencies); Redis reads every worker's residency values."""
+        Cost: O(workers): the index keeps the sums as residencies change."""
         ...
 
     async def worker_states(self) -> Mapping[WorkerKey, WorkerState]:

@@ -69,8 +69,11 @@ class ReplayClient:
 
     Bounds: each reply must arrive within `timeout` seconds; a failed attempt (timeout, a
     hole in the reply, a socket error) is retried from the seq after the last one delivered,
-    at most `attempts` times; `limit` is shared by every stream of a process, so a fleet
-    reconnecting at once does not flood its engines with replays.
+    until `attempts` in a row delivered nothing: a publisher's ROUTER drops replies at its
+    high-water mark whenever it sends faster than the store applies (a busy engine's
+    buffer into Redis), and each such attempt still moves the replay on. `limit` is shared
+    by every stream of a process, so a fleet reconnecting at once does not flood its engines
+    with replays.
     """
 
     def __init__(
@@ -95,33 +98,39 @@ class ReplayClient:
     async def fetch(self, start: int, deliver: Deliver) -> ReplayReport:
         """Deliver every buffered batch from `start` on, until the end marker.
 
-        Raises ReplayFailedError once every attempt failed; batches delivered before that
-        stay delivered (a retry resumes after them). A socket that cannot be opened (a
-        resource limit) is not an attempt: sockets.ResourceError, for the caller to wait out.
+        Raises ReplayFailedError once `attempts` attempts in a row delivered nothing;
+        batches delivered before that stay delivered (a retry resumes after them). A socket
+        that cannot be opened (a resource limit) is not an attempt: sockets.ResourceError,
+        for the caller to wait out.
         """
         report = ReplayReport(start=start)
         began = time.perf_counter()
+        fruitless = 0
         try:
             while True:
                 report.attempts += 1
+                delivered = report.batches
                 try:
                     async with self._limit:
                         await self._attempt(report, deliver)
                     return report
                 except _AttemptFailedError as exc:
+                    fruitless = 0 if report.batches > delivered else fruitless + 1
                     log.warning(
                         "replay.attempt_failed",
                         endpoint=self.endpoint,
                         start=start,
                         attempt=report.attempts,
+                        delivered=report.batches - delivered,
                         reason=exc.reason,
                         error=str(exc),
                     )
-                    if report.attempts >= self._attempts:
+                    if fruitless >= self._attempts:
                         raise ReplayFailedError(
                             exc.reason,
                             f"replay from seq {start} at {self.endpoint} failed after "
-                            f"{report.attempts} attempts: {exc}",
+                            f"{report.attempts} attempts ({fruitless} delivering nothing): "
+                            f"{exc}",
                             report,
                         ) from exc
         finally:

@@ -97,8 +97,9 @@ class ReplayRouter:
     """A replay ROUTER answering from `publisher.sent`, in either framing, with a delay.
 
     `delay` pauses before every reply batch (a slow engine); `silent` answers nothing (a dead
-    one); `first` hides seqs below it (a buffer that no longer reaches back); `skip_once`
-    leaves seqs out of the next reply only (replies lost on the way); `junk` is sent first.
+    one); `first` hides seqs below it (a buffer that no longer reaches back); `skips`
+    leaves seqs out of the next replies, a set per reply (replies lost on the way); `junk`
+    is sent first.
     """
 
     def __init__(
@@ -119,7 +120,7 @@ class ReplayRouter:
         self.delay = delay
         self.silent = False
         self.first = 0
-        self.skip_once: set[int] = set()
+        self.skips: list[set[int]] = []
         self.junk: list[list[bytes]] = []
         self.requests: list[int] = []
         self.active = 0
@@ -153,7 +154,7 @@ class ReplayRouter:
         try:
             head = [b""] if self.legacy else [b"", self.publisher.topic]
             sent = dict(self.publisher.sent)  # the buffer as it is when the request arrives
-            skip, self.skip_once = self.skip_once, set()
+            skip = self.skips.pop(0) if self.skips else set()
             for junk in self.junk:
                 await self.sock.send_multipart([identity, *junk])
             for seq in sorted(s for s in sent if s >= max(start, self.first) and s not in skip):

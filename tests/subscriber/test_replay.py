@@ -124,7 +124,7 @@ async def test_a_reply_with_a_hole_is_retried_from_after_the_last_delivered_batc
         await publisher.send(payload([stored([i])]), deliver=False)
     endpoint = tcp()
     router = ReplayRouter(ctx, endpoint, publisher)
-    router.skip_once = {4}
+    router.skips = [{4}]
     router.start()
     got = Collect()
     try:
@@ -230,3 +230,26 @@ async def test_a_long_replay_already_received_still_lets_the_loop_run_other_task
     assert len(seen) == batches
     later = seen[1:]
     assert later[-1] - later[0] >= len(later) // YIELD_EVERY - 1
+
+
+async def test_holes_after_progress_do_not_use_up_the_attempts(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """A ROUTER at its high-water mark drops replies again and again while the store is slow:
+    each retry resumes after what arrived, and only attempts that deliver nothing count."""
+    publisher = Publisher(ctx, tcp())
+    for i in range(10):
+        await publisher.send(payload([stored([i])]), deliver=False)
+    endpoint = tcp()
+    router = ReplayRouter(ctx, endpoint, publisher)
+    router.skips = [{2}, {4}, {6}, {8}]
+    router.start()
+    got = Collect()
+    try:
+        report = await client(ctx, endpoint, attempts=2).fetch(0, got)
+    finally:
+        await router.close()
+        publisher.close()
+    assert got.seqs == list(range(10))
+    assert router.requests == [0, 2, 4, 6, 8]
+    assert report.attempts == 5
