@@ -94,8 +94,11 @@ async def publish_apart(saved: Path) -> None:
         await asyncio.Event().wait()
 
 
-async def recover(store: IndexStore, spec: PublisherSpec, batches: int) -> float:
-    """Seconds from the stream's start to the last buffered batch applied."""
+async def recover(
+    store: IndexStore, spec: PublisherSpec, batches: int, deadline: float
+) -> float | str:
+    """Seconds from the stream's start to the last buffered batch applied; or, when that
+    takes over `deadline` seconds (a replay that failed), what was applied by then."""
     pool = StreamPool([spec], store)
     started = time.perf_counter()
     await pool.start()
@@ -105,6 +108,9 @@ async def recover(store: IndexStore, spec: PublisherSpec, batches: int) -> float
             fence = await store.fence(WORKER)
             if fence is not None and fence.seq == last:
                 return time.perf_counter() - started
+            if time.perf_counter() - started > deadline:
+                at = "nothing" if fence is None else f"seq {fence.seq}"
+                return f"incomplete after {deadline:g} s: {at} applied of 0-{last}"
             await asyncio.sleep(0.01)
     finally:
         await pool.stop()
@@ -138,7 +144,9 @@ async def run_store(
     payloads: list[bytes],
     runs: int,
     saved: Path | None,
+    deadline: float,
 ) -> list[float]:
+    """The seconds of each complete run (an incomplete one is printed, not counted)."""
     seconds = []
     for _ in range(runs):
         _reset(ports)
@@ -147,13 +155,17 @@ async def run_store(
         try:
             if saved is None:
                 async with buffered_inline(payloads) as spec:
-                    seconds.append(await recover(store, spec, len(payloads)))
+                    took = await recover(store, spec, len(payloads), deadline)
             else:
                 async with buffered_apart(saved) as spec:
-                    seconds.append(await recover(store, spec, len(payloads)))
+                    took = await recover(store, spec, len(payloads), deadline)
         finally:
             await store.close()
-        line = f"{name:<7} {seconds[-1]:7.2f} s"
+        if isinstance(took, str):
+            print(f"{name:<7} {took}", flush=True)
+            continue
+        seconds.append(took)
+        line = f"{name:<7} {took:7.2f} s"
         if ports:
             cpu, evalsha, calls = _server_stats(ports)
             line += (
@@ -195,6 +207,9 @@ def main() -> None:
         default="apart",
         help="the publisher in a process of its own (as an engine's), or in this one",
     )
+    parser.add_argument(
+        "--deadline", type=float, default=120.0, help="seconds before a run counts as incomplete"
+    )
     args = parser.parse_args()
     payloads = agentic(args.batches, args.seed)
     events = block_events(payloads)
@@ -205,13 +220,20 @@ def main() -> None:
         saved.write_bytes(msgspec.msgpack.encode(payloads))
     results = {}
     if not args.no_memory:
-        results["memory"] = asyncio.run(run_store("memory", None, [], payloads, args.runs, saved))
+        results["memory"] = asyncio.run(
+            run_store("memory", None, [], payloads, args.runs, saved, args.deadline)
+        )
     kinds = ["standalone", "cluster"] if args.redis == "both" else [args.redis]
     for kind in kinds:
         name = "redis" if kind == "standalone" else "cluster"
         with redis_of(kind) as (url, ports):
-            results[name] = asyncio.run(run_store(name, url, ports, payloads, args.runs, saved))
+            results[name] = asyncio.run(
+                run_store(name, url, ports, payloads, args.runs, saved, args.deadline)
+            )
     for name, seconds in results.items():
+        if not seconds:
+            print(f"median {name:<7} no complete run")
+            continue
         median = statistics.median(seconds)
         print(f"median {name:<7} {median:7.2f} s  {events / median:12,.0f} block-events/s")
 
