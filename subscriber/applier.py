@@ -252,6 +252,8 @@ class Applier:
             await self._index_lost(str(exc))
             return False
         metrics.APPLY_SECONDS.observe(time.perf_counter() - started)
+        if mode is not Mode.REPLAY:
+            _observe_delay(run)
         counters = self.counters
         batches = counters.batches
         health = self.health
@@ -436,3 +438,11 @@ def _block_events(batch: Batch) -> int:
 
 def _clears(batch: Batch) -> bool:
     return any(isinstance(e, WorkerCleared) for e in batch.events)
+
+
+def _observe_delay(run: list[Batch]) -> None:
+    """Each live batch's delay from its engine time to now, into `kvsi_index_delay_seconds`."""
+    now = time.time()
+    observe = metrics.INDEX_DELAY_SECONDS.observe
+    for batch in run:
+        observe(max(0.0, now - batch.ts))

@@ -21,6 +21,15 @@ APPLY_SECONDS = Histogram(
     "Time to apply one batch to the store.",
     buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0),
 )
+INDEX_DELAY_SECONDS = Histogram(
+    "kvsi_index_delay_seconds",
+    "From a live batch's engine time (its ts) to its apply: how far the index trails the "
+    "engines, the publisher's queue, the network and the wait before the apply included. "
+    "The engine's clock against this process's: skew between hosts adds to it (a negative "
+    "difference counts as 0). Replayed batches are left out (their age is how long the "
+    "publisher buffered them).",
+    buckets=(1e-3, 2.5e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
 REPLAY_SECONDS = Histogram(
     "kvsi_replay_seconds",
     "Time of one replay, from the request to the end marker (or the last failed attempt), "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 from prometheus_client import REGISTRY, generate_latest
@@ -173,3 +174,37 @@ async def test_a_replayed_backlog_is_stored_in_runs_in_seq_order(rig: RigFactory
     counters = r.stream.read_counters()
     assert (counters.batches_replayed, counters.gaps) == (buffered + 4, 1)
     assert await session_blocks(r.store, "s1") == buffered + 4
+
+
+async def test_live_batches_observe_their_delay_from_engine_time_replayed_ones_do_not(
+    rig: RigFactory,
+) -> None:
+    """`kvsi_index_delay_seconds`: a live batch stamped 5 s ago counts in the 10 s bucket
+    and not in the 2.5 s one, one stamped ahead of this clock counts as 0; a replayed batch
+    (however old) does not count."""
+
+    def sample(suffix: str, le: str | None = None) -> float:
+        labels = None if le is None else {"le": le}
+        found = REGISTRY.get_sample_value(f"kvsi_index_delay_seconds_{suffix}", labels)
+        return found or 0.0
+
+    r = await rig(start=False)
+    await r.publisher.send(payload([stored([1])], ts=time.time() - 30), deliver=False)
+    count, total, zero, late, slow = (
+        sample("count"),
+        sample("sum"),
+        sample("bucket", "0.001"),
+        sample("bucket", "2.5"),
+        sample("bucket", "10.0"),
+    )
+    async with running(r.stream):
+        await r.applied_through(0)
+        assert sample("count") == count  # the replayed batch
+        await r.publisher.send(payload([stored([2])], ts=time.time() - 5))
+        await r.publisher.send(payload([stored([3])], ts=time.time() + 60))
+        await r.applied_through(2)
+    assert sample("count") == count + 2
+    assert 5 <= sample("sum") - total < 30  # the one ahead adds 0, not -60
+    assert sample("bucket", "0.001") == zero + 1
+    assert sample("bucket", "2.5") == late + 1
+    assert sample("bucket", "10.0") == slow + 2
