@@ -83,8 +83,9 @@ class Service:
         return self.log.read_text(errors="replace")
 
     def tail(self, lines: int = 40) -> str:
-        """The last lines of its log, HTTP access lines left out."""
-        kept = [line for line in self.output().splitlines() if "GET /" not in line]
+        """The last lines of its log, the request log's lines (kvsi's `http.request`, in
+        either format) left out: a test polling /metrics would fill the tail with them."""
+        kept = [line for line in self.output().splitlines() if "http.request" not in line]
         return f"--- {self.name} (last {lines} lines) ---\n" + "\n".join(kept[-lines:])
 
     async def serving(self, within: float = START_WITHIN) -> str:
