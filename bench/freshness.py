@@ -309,19 +309,11 @@ def applied_within(before: str, after: str, bound: str) -> float:
     within `bound` seconds of their engine time (`kvsi_index_delay_seconds`): what of the
     latency is spent before the apply (publisher, network, the stream) and what after it
     (the change feed, the watch)."""
-    bucket = f'kvsi_index_delay_seconds_bucket{{le="{bound}"}}'
+    bucket, le = "kvsi_index_delay_seconds_bucket", f'le="{bound}"'
     count = "kvsi_index_delay_seconds_count"
     total = metric_sum(after, count) - metric_sum(before, count)
-    inside = _sample(after, bucket) - _sample(before, bucket)
+    inside = metric_sum(after, bucket, le) - metric_sum(before, bucket, le)
     return inside / total if total else float("nan")
-
-
-def _sample(text: str, name: str) -> float:
-    """One sample's value in Prometheus text, its name with labels as written (0 if absent)."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -104,10 +104,11 @@ def warmup_store(round_: int, pod: int) -> wire.BlockStored:
     )
 
 
-def metric_sum(text: str, name: str) -> float:
-    """The sum of a metric's samples in Prometheus text (0 if absent)."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
-    return sum(float(v) for v in pattern.findall(text))
+def metric_sum(text: str, name: str, label: str = "") -> float:
+    """The sum of a metric's samples in Prometheus text (0 if absent); with `label` (as
+    written, e.g. `le="0.02"`), of those samples that carry it."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", re.M)
+    return sum(float(v) for labels, v in pattern.findall(text) if label in labels)
 
 
 def free_port() -> int:
