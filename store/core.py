@@ -17,8 +17,9 @@ session sets from Redis).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Final, Generic, TypeVar
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Final, Generic, TypeVar, cast
 
 from kvsi.store.feed import ResidencyRow
 from kvsi.store.model import (
@@ -30,7 +31,6 @@ from kvsi.store.model import (
     StoreEvent,
     WorkerLosses,
     idle,
-    next_position,
     release,
 )
 from kvsi.store.records import ABSENT, Holders, Part, Removed, Residency
@@ -50,25 +50,26 @@ def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
     named twice is simply not held the second time), at a fraction of the cost.
     """
     out: list[StoreEvent] = []
-    last: EntriesRemoved | None = None
-    run: list[Hash] | None = None  # the merged removal ending `out`'s hashes, grown in place
-    for event in events:
-        if isinstance(event, EntriesRemoved):  # the ingest decoder's events are subclasses
+    grown: list[Hash] | None = None  # the merged removal ending `out`'s hashes, grown in place
+    for kind, run in itertools.groupby(events, type):  # runs of one type, found by C loops
+        if not issubclass(kind, EntriesRemoved):  # the ingest decoder's are subclasses
+            out += run
+            grown = None
+            continue
+        for event in cast("Iterator[EntriesRemoved]", run):  # its key: the events' type
+            last = out[-1] if out else None
             if (
-                last is not None
+                isinstance(last, EntriesRemoved)
                 and event.medium == last.medium
                 and event.group_idx == last.group_idx
             ):
-                if run is None:
-                    run = list(last.block_hashes)
-                    out[-1] = EntriesRemoved(run, last.medium, last.group_idx)
-                run += event.block_hashes
-                continue
-            last = event
-        else:
-            last = None
-        run = None
-        out.append(event)
+                if grown is None:
+                    grown = list(last.block_hashes)
+                    out[-1] = EntriesRemoved(grown, last.medium, last.group_idx)
+                grown += event.block_hashes
+            else:
+                out.append(event)
+                grown = None
     return out if len(out) < len(events) else events
 
 
@@ -104,16 +105,14 @@ class WorkerIndex(Generic[P, R]):
         self._batch = 0
         self._changed: list[Residency] = []
         """Residencies whose entries the current write changed, for the change feed."""
-        self._forgiven: list[Residency] = []
-        """Residencies a store of the current write reset `lost` of (`_settle_changed`)."""
         self._closed: list[ResidencyRow] = []
         """Rows of residencies the current write ended (a clear, an expiry)."""
         self.tokens = TokenTree()
         """Dynamo's edges of the entries (empty unless stores carry `tokens_hashes`)."""
         self.hurt = 0
         """Residencies that lost entries since their last store; `lost_blocks` and
-        `lost_tokens` their sums (`losses`), settled per residency a write changed
-        (`_settle`), so that reading them costs nothing per residency."""
+        `lost_tokens` their sums (`losses`), kept as each residency's `lost` changes, so
+        that reading them costs nothing per residency."""
         self.lost_blocks = 0
         self.lost_tokens = 0
 
@@ -146,62 +145,36 @@ class WorkerIndex(Generic[P, R]):
 
     def load_losses(self, res: R, lost: int, block_size: int | None) -> None:
         """A loaded residency's lost entries and block size, as read back from a store."""
-        res.lost = 0
-        self._settle(res)
+        self._forgive(res)
         res.block_size = block_size
-        res.lost = lost
-        self._settle(res)
+        self._lose(res, lost)
 
     def losses(self) -> WorkerLosses:
-        """What eviction took from the worker's residencies: O(residencies this write
-        changed), not O(residencies)."""
-        self._settle_changed()
+        """What eviction took from the worker's residencies: O(1)."""
         return WorkerLosses(
             sessions_hurt=self.hurt,
             lost_blocks=self.lost_blocks,
             reprefill_tokens=self.lost_tokens,
         )
 
-    def _settle(self, res: Residency) -> None:
-        """The worker's sums take `res.lost` in place of what they counted of it (`summed`).
-        The sums hold `summed * block_size` of each residency: its block size changes only
-        at a store, which settles it first."""
-        lost, summed = res.lost, res.summed
-        if lost == summed:
-            return
-        if not summed:
-            self.hurt += 1
-        elif not lost:
-            self.hurt -= 1
-        self.lost_blocks += lost - summed
-        self.lost_tokens += (lost - summed) * (res.block_size or 0)
-        res.summed = lost
-
-    def _settle_changed(self) -> None:
-        """`_settle` each residency this write changed (`_changed`: every residency a
-        removal counted `lost` up in) or forgave (`_forgiven`: a store reset its `lost`),
-        summed here and added once: the hot path only counts and appends."""
-        changed = self._changed
-        if self._forgiven:
-            changed = changed + self._forgiven
-            self._forgiven = []
-        hurt = blocks = tokens = 0
-        for res in changed:
-            more = res.lost - res.summed
-            if more:
-                if not res.summed:
-                    hurt += 1
-                elif not res.lost:
-                    hurt -= 1
-                res.summed = res.lost
-                blocks += more
-                size = res.block_size
-                if size:
-                    tokens += more * size
-        if blocks or hurt:
-            self.hurt += hurt
+    def _lose(self, res: Residency, blocks: int) -> None:
+        """`res` lost `blocks` more entries; the worker's sums count them."""
+        if blocks:
+            if not res.lost:
+                self.hurt += 1
+            res.lost += blocks
             self.lost_blocks += blocks
-            self.lost_tokens += tokens
+            self.lost_tokens += blocks * (res.block_size or 0)
+
+    def _forgive(self, res: Residency) -> None:
+        """`res` has lost nothing since (a store, a drop); the worker's sums no longer
+        count what it had lost. Its block size changes only while it has lost nothing."""
+        lost = res.lost
+        if lost:
+            self.hurt -= 1
+            self.lost_blocks -= lost
+            self.lost_tokens -= lost * (res.block_size or 0)
+            res.lost = 0
 
     def idle(self, older_than: float, limit: int) -> list[R]:
         """Up to `limit + 1` residencies, least recently stored first, while `idle`."""
@@ -236,8 +209,6 @@ class WorkerIndex(Generic[P, R]):
     def begin(self) -> None:
         """Start a write: the change feed's rows count its changes from here."""
         self._batch += 1
-        if self._changed or self._forgiven:  # a write that ended without its rows
-            self._settle_changed()
         self._changed = []
         self._closed = []
 
@@ -247,8 +218,6 @@ class WorkerIndex(Generic[P, R]):
         them when read); a residency a clear ended mid-write has its own row with 0
         entries, and a later store a second row."""
         rows = self._closed
-        if self._changed or self._forgiven:
-            self._settle_changed()
         if self._changed:
             rows += [ResidencyRow(r.session_id, r.added, r.removed, r.total) for r in self._changed]
             self._changed = []
@@ -267,7 +236,7 @@ class WorkerIndex(Generic[P, R]):
     ) -> tuple[P, R | None, list[Hash], list[Hash], list[Hash] | None]:
         """Apply a store at engine time `ts`: the part gains the entries, the session's
         residency (moved to the end of the last-store order when `ts` is its latest) holds
-        them, nothing is lost since and its frontier moves (`next_position`). Unconfirmed
+        them, nothing is lost since and its frontier moves (`Frontier`). Unconfirmed
         entries it names are confirmed first (`confirm`, by the caller if it must know
         which).
 
@@ -298,18 +267,25 @@ class WorkerIndex(Generic[P, R]):
             key = res.session_id
             del residencies[key]  # to the end: the dict stays in last-store order
             residencies[key] = res
-        if res.lost:
+        lost = res.lost
+        if lost:  # `_forgive`, inlined
+            self.hurt -= 1
+            self.lost_blocks -= lost
+            self.lost_tokens -= lost * (res.block_size or 0)
             res.lost = 0
-            self._forgiven.append(res)
         size = event.block_size
         if size is not None and size != res.block_size:
-            if res.summed:  # out of the sums at the size they counted it at
-                self._settle(res)
             res.block_size = size
-        if hashes:
-            parent = event.parent_block_hash
-            res.position = next_position(res.position, res.frontier, parent, hashes)
-            res.frontier = hashes[-1]
+        if hashes:  # the frontier moves (`Frontier`'s rules)
+            parent, last = event.parent_block_hash, hashes[-1]
+            if parent is None:  # the store starts the prompt
+                res.position = len(hashes) - 1
+            elif parent == res.frontier:  # the chain goes on
+                if res.position is not None:
+                    res.position += len(hashes)
+            elif last != res.frontier:  # not the same blocks in another part: unknown
+                res.position = None
+            res.frontier = last
         before = len(holders)
         adopted = None
         if holders.keys().isdisjoint(hashes):  # all new to the worker: the common case
@@ -345,29 +321,41 @@ class WorkerIndex(Generic[P, R]):
             return []
         return self.tokens.link(event.parent_block_hash, event.block_hashes, tokens)
 
-    def remove(self, part: Part, hashes: Collection[Hash], lost: int) -> Removed:
-        """Entries leave the worker and their sessions; `lost` (1, or 0 for the stale
-        policy's drops) is what each adds to a session's lost blocks. Dynamo's edges of
+    def remove(self, part: Part, hashes: Collection[Hash], *, lost: bool) -> Removed:
+        """Entries leave the worker and their sessions, as lost blocks of those sessions
+        (eviction) or not (`lost` False: the stale policy's drops). Dynamo's edges of
         those no part holds any more go too (`Removed.unlinked`)."""
         popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
         pid, batch = part.pid, self._batch
-        losers = popped if set not in map(type, popped) else _each_holder(popped)
-        for res in losers:
+        losers = Counter(popped if set not in map(type, popped) else _each_holder(popped))
+        hurt = blocks = tokens = 0  # `_lose` of each residency, summed
+        for res, n in losers.items():
             if not isinstance(res, Residency):
                 continue  # not on the worker (False), or held by no session (None)
             if pid:
-                _uncount_other(res.in_others, pid)
+                _uncount_other(res.in_others, pid, n)
             else:
-                res.in_first -= 1
-            res.total -= 1
-            res.lost += lost
+                res.in_first -= n
+            res.total -= n
+            if lost:
+                if not res.lost:
+                    hurt += 1
+                res.lost += n
+                blocks += n
+                size = res.block_size
+                if size:
+                    tokens += n * size
             if not res.total:
                 self.active -= 1
             if res.batch != batch:
                 res.batch = batch
                 res.added = res.removed = 0
                 self._changed.append(res)
-            res.removed += 1
+            res.removed += n
+        if blocks:
+            self.hurt += hurt
+            self.lost_blocks += blocks
+            self.lost_tokens += tokens
         out = Removed(hashes, popped)
         if self.tokens.edge:
             out.unlinked = self.tokens.unlink(hashes, self.holds)
@@ -390,10 +378,8 @@ class WorkerIndex(Generic[P, R]):
                 emptied.append((res, list(res.counts())))
                 res.in_first = 0
                 res.in_others.clear()
-                res.lost += res.total
+                self._lose(res, res.total)
                 res.total = 0
-            if res.lost != res.summed:
-                self._settle(res)
         self._changed = []
         for part in self.by_pid.values():
             part.holders.clear()
@@ -436,8 +422,7 @@ class WorkerIndex(Generic[P, R]):
         if res.total:
             self.active -= 1
             self._closed.append(ResidencyRow(sid, 0, res.total, 0))
-        res.lost = 0
-        self._settle(res)
+        self._forgive(res)
         del self.residencies[sid]
         return orphaned
 
@@ -535,9 +520,9 @@ def _each_holder(popped: list[Holders | bool]) -> list[Holders | bool]:
     return out
 
 
-def _uncount_other(others: dict[int, int], pid: int) -> None:
-    """One entry of part `pid` (not 0) leaves a residency's `in_others`."""
-    left = others[pid] - 1
+def _uncount_other(others: dict[int, int], pid: int, n: int) -> None:
+    """`n` entries of part `pid` (not 0) leave a residency's `in_others`."""
+    left = others[pid] - n
     if left:
         others[pid] = left
     else:

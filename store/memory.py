@@ -182,7 +182,7 @@ class MemoryStore:
                 if part is not None:
                     if part.pending:
                         index.confirm(part, event.block_hashes)
-                    index.remove(part, event.block_hashes, 1)
+                    index.remove(part, event.block_hashes, lost=True)
             elif isinstance(event, WorkerCleared):
                 index.clear()
         index.fence = advance(index.fence, outcome, batch.seq, ts)
@@ -245,7 +245,7 @@ class MemoryStore:
         dropped = 0
         for part, pending in index.take_unconfirmed():
             dropped += len(pending)
-            index.remove(part, pending, 0)
+            index.remove(part, pending, lost=False)
         self._publish(w, _engine_time(w), losses=False)
         return dropped
 

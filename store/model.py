@@ -181,23 +181,11 @@ class Frontier(msgspec.Struct, frozen=True, gc=False):
     - unchanged when it ends on the frontier (the same blocks in another medium or group);
     - unknown otherwise (a prefix another session stored, a reuse report cut short).
     Positions are thus known along one chain from its tail: O(1) per store, nothing kept
-    per block. The index core (store/core.py) moves it with `next_position`.
+    per block. The index core moves it (`store.core.WorkerIndex.store`).
     """
 
     block_hash: Hash
     position: int | None = None
-
-
-def next_position(
-    position: int | None, frontier: Hash | None, parent: Hash | None, hashes: list[Hash]
-) -> int | None:
-    """The frontier's position after a store of `hashes` after `parent` (`Frontier`'s
-    rules); the frontier itself becomes `hashes[-1]`. `hashes` is not empty."""
-    if parent is None:
-        return len(hashes) - 1
-    if parent == frontier:
-        return None if position is None else position + len(hashes)
-    return position if hashes[-1] == frontier else None
 
 
 def idle(last_store: float, older_than: float) -> bool:

@@ -43,7 +43,6 @@ class Residency:
         "position",
         "removed",
         "session_id",
-        "summed",
         "total",
     )
 
@@ -59,8 +58,6 @@ class Residency:
         self.total = 0
         """The sum of the counts, kept as they change: counting is on every query path."""
         self.lost = 0
-        self.summed = 0
-        """What the worker's loss sums count of `lost` (`WorkerIndex._settle`)."""
         self.block_size: int | None = None
         self.frontier: Hash | None = None
         """The last block hash the session stored here; `position` its place (`Frontier`)."""

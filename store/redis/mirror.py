@@ -293,7 +293,7 @@ class Mirror:
         SREMs name each once at least; a set losing one member (the common case: evicted
         blocks of many sessions) goes in one REMOVE1_INDEXED op with the others (two args
         each)."""
-        out = self.index.remove(part, hashes, 1)
+        out = self.index.remove(part, hashes, lost=True)
         self._unlink_in(plan, out.unlinked)
         base = part.entry_base
         orphans = out.orphans()
@@ -362,7 +362,7 @@ class Mirror:
         for part, pending in index.take_unconfirmed():
             dropped += len(pending)
             deletes.append(part.unconfirmed_key)
-            out = index.remove(part, pending, 0)
+            out = index.remove(part, pending, lost=False)
             unlinked += out.unlinked
             for h in out.gone():
                 removals.setdefault(part.entry_keys[bucket(h)], []).append(h)

@@ -133,16 +133,22 @@ async def test_an_outage_that_overflows_the_inbox_is_marked_then_repaired_by_rep
         redis.stop()
         await fleet.run(RATE, max_batches=60)  # far more than the 8 the inbox holds
 
+        seen: dict[str, tuple[float, float]] = {}  # per pod: (overflows, queued)
+
         async def overflowed() -> bool:
             samples = await metrics(client)
-            return all(
-                per_worker(samples, "kvsi_queue_overflow_total", pod) > 0
-                # the full inbox (8), and the batch the applier holds, retrying it
-                and per_worker(samples, "kvsi_worker_queued", pod) > 8
-                for pod in fleet.pods
-            )
+            for pod in fleet.pods:
+                seen[pod] = (
+                    per_worker(samples, "kvsi_queue_overflow_total", pod),
+                    per_worker(samples, "kvsi_worker_queued", pod),
+                )
+            # the full inbox (8), and the batch the applier holds, retrying it
+            return all(overflows > 0 and queued > 8 for overflows, queued in seen.values())
 
-        await until(overflowed, 20, "inbox overflowed", run)
+        try:
+            await until(overflowed, 20, "inbox overflowed", run)
+        except AssertionError as exc:
+            raise AssertionError(f"overflows and queued per pod {seen}; {exc}") from None
         reasons = await until(
             lambda: outage_reported(client, fleet, buffered=True), 20, "not ready", run
         )
