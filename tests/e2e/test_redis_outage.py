@@ -142,8 +142,10 @@ async def test_an_outage_that_overflows_the_inbox_is_marked_then_repaired_by_rep
                     per_worker(samples, "kvsi_queue_overflow_total", pod),
                     per_worker(samples, "kvsi_worker_queued", pod),
                 )
-            # the full inbox (8), and the batch the applier holds, retrying it
-            return all(overflows > 0 and queued > 8 for overflows, queued in seen.values())
+            # The full inbox (8), and the batch the applier holds, retrying it, if the outage
+            # caught it applying one: one that caught it in its index audit's read (every 5 s
+            # by default) holds none (the flake of session 11's clean clone).
+            return all(overflows > 0 and queued >= 8 for overflows, queued in seen.values())
 
         try:
             await until(overflowed, 20, "inbox overflowed", run)
