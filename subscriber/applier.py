@@ -52,10 +52,11 @@ log = structlog.get_logger(__name__)
 _NAMES_BLOCKS = (EntriesStored, EntriesRemoved)
 """The events that name block hashes (every other is WorkerCleared)."""
 
-RUN_MAX = 16
-"""Most batches stored in one call (one Redis script for the run): the live messages held
-back to back, or the batches of a replay, that simply follow the fence. A Redis script runs
-them in one go and other clients wait while it does: the bound keeps that wait short."""
+RUN_MAX = 32
+"""Most batches handed to the store at once: the live messages held back to back, or the
+batches of a replay, that simply follow the fence. The Redis store writes them in calls of
+its own bound (`store.redis.store.CALL_MAX`), planning each while Redis runs the one before;
+the memory store applies them without a yield, so the bound also caps that pause."""
 
 DROP_LOG_SECONDS = 10.0
 """At most one log line per drop reason per stream in this time (with the running count):

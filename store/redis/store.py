@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -39,7 +40,7 @@ from kvsi.store.model import (
     advance,
     decide,
 )
-from kvsi.store.redis.directories import Asserted, Directories
+from kvsi.store.redis.directories import Asserted, Directories, Due
 from kvsi.store.redis.instances import RedisInstances
 from kvsi.store.redis.layout import (
     DEFAULT_PREFIX,
@@ -70,6 +71,11 @@ SCHEMES = {
     "rediss+cluster": "rediss",
 }
 """Store URL scheme -> the scheme redis-py is given; `+cluster` selects RedisCluster."""
+
+CALL_MAX = 16
+"""Most batches written in one apply.lua call: Redis runs a call's script in one go while its
+other clients wait, and the bound keeps that wait short. A longer run goes as several calls,
+each planned while Redis runs the one before (`RedisStore._apply_calls`)."""
 
 WRITE_ATTEMPTS = 4
 """Reload-and-retry rounds when another writer changed the worker between load and write;
@@ -159,6 +165,28 @@ class _Reply(NamedTuple):
     outcome: str
     next_ver: str
     next_batch: str
+
+
+class _Call(NamedTuple):
+    """One apply.lua call of a run in flight: its batches, its reply to come, and the fence
+    it expected stored (its guard)."""
+
+    batches: int
+    reply: asyncio.Future[_Reply]
+    expect: Fence | None
+
+
+NOTHING_DUE = Due([], [])
+"""The directory asserts of a run's calls after its first (which carries the run's)."""
+
+
+def _drop(reply: asyncio.Future[_Reply]) -> None:
+    """A reply no one will read: cancelled if still to come (the connection reads and
+    discards it), its error taken if it came as one (asyncio would log it as never read)."""
+    if not reply.done():
+        reply.cancel()
+    elif not reply.cancelled():
+        reply.exception()
 
 
 class _Writer:
@@ -282,57 +310,102 @@ class RedisStore(RedisReader, RedisInstances):
     async def apply_many(
         self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
     ) -> list[ApplyOutcome]:
-        """One EVALSHA for all the batches when this writer's mirror predicts each applies
-        (the common case of a backlog: a stream behind its publisher, a replay): one round
-        trip, one guard and version check, the batches' writes in order. Otherwise, or when
-        Redis disagrees (another writer, a lost index is raised), one `apply` per batch.
+        """One EVALSHA per CALL_MAX batches when this writer's mirror predicts each applies
+        (the common case of a backlog: a stream behind its publisher, a replay), each call
+        planned while Redis runs the one before: the batches' writes in order, a guard and
+        version check per call. From the first call Redis disagrees with (another writer; a
+        lost index is raised), or when the mirror predicts otherwise, one `apply` per batch.
         Cost as `apply`'s, summed, minus a round trip and a script call per batch.
         """
+        landed: list[ApplyOutcome] = []
         if len(batches) > 1:
             w = self._writer(worker)
             async with w.lock:
                 mirror = w.mirror
                 if mirror is not None and _all_applied(mirror, batches):
                     try:
-                        outcomes = await self._apply_group(w, mirror, batches, expect)
+                        landed = await self._apply_calls(w, mirror, batches, expect)
                     finally:
                         self._feed_written(worker)
-                    if outcomes is not None:
-                        return outcomes
-        return [await self.apply(worker, batch, expect) for batch in batches]
+        rest = batches[len(landed) :]
+        return landed + [await self.apply(worker, batch, expect) for batch in rest]
 
-    async def _apply_group(
+    async def _apply_calls(
         self, w: _Writer, mirror: Mirror, batches: Sequence[Batch], expect: Fence | None
-    ) -> list[ApplyOutcome] | None:
-        """The batches through `mirror` in one call; None if Redis disagreed (mirror dropped)."""
+    ) -> list[ApplyOutcome]:
+        """The batches through `mirror`, CALL_MAX to a call, two calls in flight: the next
+        is planned (the client's CPU) while Redis runs the one before (its own). The run's
+        directory asserts go first: before the first call on a cluster, in it on a
+        standalone server. Returns the outcomes of the calls that landed, in order; from the
+        first that did not, none: the mirror is dropped, and a call sent after it finds the
+        version moved on (each names the version the one before leaves) and writes nothing."""
         if not mirror.registered:
             await self._register(w.worker)
             mirror.registered = True
-        before = mirror.ver
-        plan = Plan(w.keys)
         now = time.time()
-        guard = _guard(expect)
         directories = self._directories
+        due = await directories.before(w.asserted, mirror, batches, now)
+        landed: list[ApplyOutcome] = []
+        flight: deque[_Call] = deque()
         try:
-            due = await directories.before(w.asserted, mirror, batches, now)
-            for i, batch in enumerate(batches, 1):
-                token = self._token()
-                last = i == len(batches)  # the index's changes of the run go in once, at the end
-                plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=last))
-                mirror.ver = token  # the next batch's version log entry follows this one
-            directories.inline(plan, w.asserted, due, now)
-            reply = await self._eval(plan, batches[0], before, "applied", guard)
+            for start in range(0, len(batches), CALL_MAX):
+                run = batches[start : start + CALL_MAX]
+                asserts = due if start == 0 else NOTHING_DUE
+                flight.append(await self._send_call(w, mirror, run, now, asserts, expect))
+                if len(flight) == 2 and not await self._landed(w, flight.popleft(), landed):
+                    break
+            while flight and await self._landed(w, flight.popleft(), landed):
+                pass
         except BaseException:
-            w.mirror = None
+            w.mirror = None  # whether the calls in flight landed, only Redis knows
+            for call in flight:
+                _drop(call.reply)
             raise
         await directories.after(w.asserted, due, now)
-        if reply.outcome == "applied":
+        if landed:  # the first call landed, and the asserts with it
             directories.applied(w.asserted, due, now)
-            return [ApplyOutcome.APPLIED] * len(batches)
+        return landed
+
+    async def _send_call(
+        self,
+        w: _Writer,
+        mirror: Mirror,
+        run: Sequence[Batch],
+        now: float,
+        due: Due,
+        expect: Fence | None,
+    ) -> _Call:
+        """Plan `run` through `mirror` (its batches' changes to residencies and seen scores
+        written once, at the end) with the directory asserts `due`, and send it; the reply
+        comes later (`_landed`)."""
+        before = mirror.ver
+        plan = Plan(w.keys)
+        for i, batch in enumerate(run, 1):
+            token = self._token()
+            plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=i == len(run)))
+            mirror.ver = token  # the next batch's version log entry follows this one
+        self._directories.inline(plan, w.asserted, due, now)
+        call = self._eval(plan, run[0], before, "applied", _guard(expect))
+        reply = asyncio.ensure_future(call)
+        try:
+            await asyncio.sleep(0)  # the call is queued on its connection...
+        except BaseException:
+            _drop(reply)
+            raise
+        self._direct.flush()  # ...and written now, before the next call is planned
+        return _Call(len(run), reply, expect)
+
+    async def _landed(self, w: _Writer, call: _Call, landed: list[ApplyOutcome]) -> bool:
+        """Whether `call` was applied (then its outcomes join `landed`); if not, the mirror
+        is dropped (and a lost index raised: only a guarded call is answered "lost")."""
+        reply = await call.reply
+        if reply.outcome == "applied":
+            landed += [ApplyOutcome.APPLIED] * call.batches
+            return True
         w.mirror = None
         if reply.outcome == "lost":
-            self._outcome(w, reply, expect)
-        return None
+            self._outcome(w, reply, call.expect)
+        return False
 
     async def _apply_with(
         self, w: _Writer, mirror: Mirror, batch: Batch, guard: str, expect: Fence | None

@@ -168,6 +168,12 @@ class DirectScript:
                 pipe = self._pipe = _Pipe(conn)
             return pipe
 
+    def flush(self) -> None:
+        """Write the calls queued so far now, not at the end of this loop round: a caller
+        about to plan its next call (CPU, no yield) lets Redis run this one meanwhile."""
+        if self._pipe is not None:
+            self._pipe.flush()
+
     async def aclose(self) -> None:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
@@ -238,6 +244,11 @@ class ClusterDirectScript:
                 pipe = self._pipes[node.name] = _Pipe(conn)
             return pipe
 
+    def flush(self) -> None:
+        """`DirectScript.flush`, on every node's connection."""
+        for pipe in self._pipes.values():
+            pipe.flush()
+
     async def aclose(self) -> None:
         pipes, self._pipes = list(self._pipes.values()), {}
         for pipe in pipes:
@@ -265,13 +276,14 @@ class _Pipe:
         self.waiting.append(fut)
         if not self.flushing:
             self.flushing = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self.flush)
         if self.reader is None:
             self.reader = self.loop.create_task(self._read())
         return fut
 
-    def _flush(self) -> None:
-        """Write what was queued: runs once the tasks ready in this loop round have run."""
+    def flush(self) -> None:
+        """Write what was queued: runs once the tasks ready in this loop round have run, or
+        at once when a caller has CPU work to do before it next yields (`DirectScript.flush`)."""
         self.flushing = False
         if self.dead or not self.out:
             return
