@@ -52,11 +52,16 @@ log = structlog.get_logger(__name__)
 _NAMES_BLOCKS = (EntriesStored, EntriesRemoved)
 """The events that name block hashes (every other is WorkerCleared)."""
 
-RUN_MAX = 32
-"""Most batches handed to the store at once: the live messages held back to back, or the
-batches of a replay, that simply follow the fence. The Redis store writes them in calls of
-its own bound (`store.redis.store.CALL_MAX`), planning each while Redis runs the one before;
-the memory store applies them without a yield, so the bound also caps that pause."""
+RUN_MAX = 16
+"""Most live batches handed to the store at once: the messages held back to back that
+simply follow the fence. A Redis script runs them in one go (`store.redis.store.CALL_MAX`)
+and other clients wait while it does; the memory store applies them without a yield: the
+bound keeps both pauses short, and a live batch's wait for the rest of its run."""
+
+REPLAY_RUN_MAX = 32
+"""Most replayed batches handed to the store at once: a replay is a backlog to get through,
+not a feed to keep fresh. The Redis store writes such a run as calls of `CALL_MAX`, each
+planned while Redis runs the one before."""
 
 DROP_LOG_SECONDS = 10.0
 """At most one log line per drop reason per stream in this time (with the running count):
@@ -148,12 +153,12 @@ class Applier:
 
     async def _deliver(self, seq: int, payload: bytes) -> bool:
         """A replayed batch; False stops the replay. Batches that simply follow the fence
-        are held and stored in runs of up to RUN_MAX, as live ones are (`_store_replayed`
-        stores what is held when the replay ends)."""
+        are held and stored in runs of up to REPLAY_RUN_MAX, as live ones are in theirs
+        (`_store_replayed` stores what is held when the replay ends)."""
         decoded = self._decoder.decode(payload)
         if self._follows(seq, decoded):
             self._replayed.append(Batch(seq, decoded.ts, decoded.events))
-            return len(self._replayed) < RUN_MAX or await self._store_replayed()
+            return len(self._replayed) < REPLAY_RUN_MAX or await self._store_replayed()
         return await self._store_replayed() and await self._accept(seq, decoded, Mode.REPLAY)
 
     async def _store_replayed(self) -> bool:

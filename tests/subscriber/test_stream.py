@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from kvsi.store.model import WorkerKey, WorkerState
 from kvsi.subscriber import metrics, wire
-from kvsi.subscriber.applier import RUN_MAX
+from kvsi.subscriber.applier import REPLAY_RUN_MAX
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.receiver import DRAIN_MAX
 from tests.subscriber.conftest import RigFactory
@@ -152,10 +152,10 @@ async def test_a_connected_worker_is_live_only_once_what_its_publisher_buffers_i
 
 async def test_a_replayed_backlog_is_stored_in_runs_in_seq_order(rig: RigFactory) -> None:
     """What a publisher buffered before the stream started arrives by replay and goes to
-    the store in runs of RUN_MAX, as a live backlog does; a batch that does not simply
-    follow (a gap the replay itself shows) is decided alone, between runs."""
+    the store in runs of REPLAY_RUN_MAX (a live backlog in runs of its own); a batch that
+    does not simply follow (a gap the replay itself shows) is decided alone, between runs."""
     r = await rig(start=False)
-    buffered = 2 * RUN_MAX + 5
+    buffered = 2 * REPLAY_RUN_MAX + 5
     for n in range(buffered):
         await r.publisher.send(payload([stored([100 + n])]), deliver=False)
     r.publisher.seq += 3  # three seqs the publisher no longer holds
@@ -165,9 +165,9 @@ async def test_a_replayed_backlog_is_stored_in_runs_in_seq_order(rig: RigFactory
     async with running(r.stream):
         await r.applied_through(last)
     assert r.store.runs == [
-        list(range(0, RUN_MAX)),
-        list(range(RUN_MAX, 2 * RUN_MAX)),
-        list(range(2 * RUN_MAX, buffered)),
+        list(range(0, REPLAY_RUN_MAX)),
+        list(range(REPLAY_RUN_MAX, 2 * REPLAY_RUN_MAX)),
+        list(range(2 * REPLAY_RUN_MAX, buffered)),
         [buffered + 3],
         list(range(buffered + 4, last + 1)),
     ]
