@@ -58,10 +58,10 @@ simply follow the fence. A Redis script runs them in one go (`store.redis.store.
 and other clients wait while it does; the memory store applies them without a yield: the
 bound keeps both pauses short, and a live batch's wait for the rest of its run."""
 
-REPLAY_RUN_MAX = 32
+REPLAY_RUN_MAX = 64
 """Most replayed batches handed to the store at once: a replay is a backlog to get through,
 not a feed to keep fresh. The Redis store writes such a run as calls of `CALL_MAX`, each
-planned while Redis runs the one before."""
+planned while Redis runs the one before (three of a run's four calls overlap one)."""
 
 DROP_LOG_SECONDS = 10.0
 """At most one log line per drop reason per stream in this time (with the running count):

@@ -160,7 +160,7 @@ async def test_a_replayed_backlog_is_stored_in_runs_in_seq_order(rig: RigFactory
         await r.publisher.send(payload([stored([100 + n])]), deliver=False)
     r.publisher.seq += 3  # three seqs the publisher no longer holds
     for n in range(4):
-        await r.publisher.send(payload([stored([200 + n])]), deliver=False)
+        await r.publisher.send(payload([stored([10_000 + n])]), deliver=False)
     last = buffered + 3 + 3
     async with running(r.stream):
         await r.applied_through(last)
