@@ -168,12 +168,10 @@ class _Reply(NamedTuple):
 
 
 class _Call(NamedTuple):
-    """One apply.lua call of a run in flight: its batches, its reply to come, and the fence
-    it expected stored (its guard)."""
+    """One apply.lua call of a run in flight: its batches and its reply to come."""
 
     batches: int
     reply: asyncio.Future[_Reply]
-    expect: Fence | None
 
 
 NOTHING_DUE = Due([], [])
@@ -352,9 +350,9 @@ class RedisStore(RedisReader, RedisInstances):
                 run = batches[start : start + CALL_MAX]
                 asserts = due if start == 0 else NOTHING_DUE
                 flight.append(await self._send_call(w, mirror, run, now, asserts, expect))
-                if len(flight) == 2 and not await self._landed(w, flight.popleft(), landed):
+                if len(flight) == 2 and not await self._landed(w, flight.popleft(), landed, expect):
                     break
-            while flight and await self._landed(w, flight.popleft(), landed):
+            while flight and await self._landed(w, flight.popleft(), landed, expect):
                 pass
         except BaseException:
             w.mirror = None  # whether the calls in flight landed, only Redis knows
@@ -393,9 +391,11 @@ class RedisStore(RedisReader, RedisInstances):
             _drop(reply)
             raise
         self._direct.flush()  # ...and written now, before the next call is planned
-        return _Call(len(run), reply, expect)
+        return _Call(len(run), reply)
 
-    async def _landed(self, w: _Writer, call: _Call, landed: list[ApplyOutcome]) -> bool:
+    async def _landed(
+        self, w: _Writer, call: _Call, landed: list[ApplyOutcome], expect: Fence | None
+    ) -> bool:
         """Whether `call` was applied (then its outcomes join `landed`); if not, the mirror
         is dropped (and a lost index raised: only a guarded call is answered "lost")."""
         reply = await call.reply
@@ -404,7 +404,7 @@ class RedisStore(RedisReader, RedisInstances):
             return True
         w.mirror = None
         if reply.outcome == "lost":
-            self._outcome(w, reply, call.expect)
+            self._outcome(w, reply, expect)
         return False
 
     async def _apply_with(
