@@ -11,6 +11,12 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eea
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# A C compiler for the index core (setup.py: mypyc); the runtime layer needs none.
+# DL3008: the compiler comes with the pinned base's Debian release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # A virtualenv without pip or setuptools: the build's own pip installs into it (--python),
 # so neither reaches the runtime layer.
 RUN python -m venv --without-pip /opt/kvsi
@@ -21,7 +27,7 @@ WORKDIR /src
 COPY pyproject.toml constraints.txt ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; print('\n'.join(p['dependencies'] + [d for e in ('redis', 'xxhash', 'k8s', 'otel') for d in x[e]]))" > requirements.txt \
     && pip --python /opt/kvsi/bin/python install -c constraints.txt -r requirements.txt
-COPY README.md LICENSE ./
+COPY README.md LICENSE setup.py ./
 COPY kvsi kvsi
 COPY subscriber subscriber
 COPY store store

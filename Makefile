@@ -8,14 +8,16 @@ PYTHON ?= python3
 PEERS_VENV ?= $(VENV)/peers
 PEERS_BIN := $(PEERS_VENV)/bin
 
-.PHONY: demo test lint bench clean deploy-check
+.PHONY: demo test lint bench clean deploy-check native
 
+# The virtualenvs install the project editable and interpreted (KVSI_PURE_PYTHON); the
+# `native` target then compiles setup.py's NATIVE modules in place, once for all of them.
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77"
+	KVSI_PURE_PYTHON=1 $(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	# The image's runtime wheels, so the wheel-in-a-fresh-virtualenv test installs offline.
-	$(BIN)/pip wheel --quiet -c constraints.txt --wheel-dir $(VENV)/wheelhouse ".[redis,xxhash,k8s,otel]"
+	KVSI_PURE_PYTHON=1 $(BIN)/pip wheel --quiet -c constraints.txt --wheel-dir $(VENV)/wheelhouse ".[redis,xxhash,k8s,otel]"
 	touch $@
 
 # Pin every dependency anew (after changing pyproject.toml's): resolve in a throwaway
@@ -29,7 +31,17 @@ constraints:
 	mv constraints.new constraints.txt
 	rm -rf $(VENV)/lock
 
-demo: $(BIN)/.installed
+# The index core as C (mypyc, setup.py), built in place next to its sources and rebuilt
+# whenever one of them changes: tests and the demo never run a stale build
+# (tests/conftest.py refuses one).
+NATIVE := $(shell sed -n 's|^    "kvsi/\(.*\.py\)",$$|\1|p' setup.py)
+$(VENV)/.native: setup.py $(NATIVE) $(BIN)/.installed
+	$(BIN)/python setup.py --quiet build_ext --inplace --force
+	touch $@
+
+native: $(VENV)/.native
+
+demo: $(VENV)/.native
 	$(BIN)/kvsi serve --demo
 
 lint: $(BIN)/.installed
@@ -39,16 +51,16 @@ lint: $(BIN)/.installed
 
 # The whole suite: lint, types, tests (the peers tier among them: Dynamo's own indexer from
 # .venv/peers), then the interop tier against real vLLM code.
-test: lint $(PEERS_BIN)/.installed
+test: lint $(VENV)/.native $(PEERS_BIN)/.installed
 	$(BIN)/pytest
 	$(MAKE) interop
 
 # The shipping checks alone: hadolint, the image's commands from the wheel, Compose,
 # rendered Kubernetes manifests against the schemas, discovery, dashboard queries.
-deploy-check: $(BIN)/.installed
+deploy-check: $(VENV)/.native
 	$(BIN)/pytest tests/deploy tests/kvsi
 
-bench: $(BIN)/.installed
+bench: $(VENV)/.native
 	$(BIN)/python bench/ingest_memory.py
 
 # The ingest benches against their peer, Dynamo (the `peers` extra), in a virtualenv of its
@@ -56,17 +68,17 @@ bench: $(BIN)/.installed
 $(PEERS_BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_BIN)/pip install --quiet --upgrade pip
-	$(PEERS_BIN)/pip install --quiet -e ".[peers]"
+	KVSI_PURE_PYTHON=1 $(PEERS_BIN)/pip install --quiet -e ".[peers]"
 	touch $@
 
 # The peers tier alone (tests/peers): kvsi's Dynamo API against `python -m dynamo.indexer`
 # on the same events; `make test` runs it with the rest. CI set: a missing peer fails it.
 .PHONY: peers
-peers: $(BIN)/.installed $(PEERS_BIN)/.installed
+peers: $(VENV)/.native $(PEERS_BIN)/.installed
 	$(BIN)/pytest -m peers tests/peers
 
 .PHONY: bench-peers
-bench-peers: $(PEERS_BIN)/.installed
+bench-peers: $(VENV)/.native $(PEERS_BIN)/.installed
 	$(PEERS_BIN)/python bench/ingest_memory.py
 	$(PEERS_BIN)/python bench/ingest_e2e.py
 
@@ -84,10 +96,10 @@ INTEROP_BIN := $(INTEROP_VENV)/bin
 $(INTEROP_BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(INTEROP_VENV)
 	$(INTEROP_BIN)/pip install --quiet --upgrade pip
-	$(INTEROP_BIN)/pip install --quiet -e ".[dev,vllm]"
+	KVSI_PURE_PYTHON=1 $(INTEROP_BIN)/pip install --quiet -e ".[dev,vllm]"
 	$(INTEROP_BIN)/pip install --quiet --no-deps vllm==0.33.0 xgrammar==0.2.8
 	touch $@
 
 .PHONY: interop
-interop: $(INTEROP_BIN)/.installed $(PEERS_BIN)/.installed
+interop: $(VENV)/.native $(INTEROP_BIN)/.installed $(PEERS_BIN)/.installed
 	KVSI_INTEROP=1 $(INTEROP_BIN)/pytest -m interop tests/interop

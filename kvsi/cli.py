@@ -21,7 +21,7 @@ from kvsi import tracing
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
 from kvsi.settings import load_settings, unknown_variables
-from kvsi.version import package_version
+from kvsi.version import core_build, package_version
 
 app = typer.Typer(
     help="Per-session index of vLLM KV-cache blocks.",
@@ -33,7 +33,7 @@ app = typer.Typer(
 
 def _print_version(asked: bool) -> None:
     if asked:
-        typer.echo(f"kvsi {package_version()}")
+        typer.echo(f"kvsi {package_version()} ({core_build()} core)")
         raise typer.Exit()
 
 

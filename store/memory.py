@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 
+from mypy_extensions import mypyc_attr
+
 from kvsi.store.core import WorkerIndex, merged_removals
 from kvsi.store.feed import FeedHub, FeedRecord, WorkerChange
 from kvsi.store.first_blocks import FirstBlocks
@@ -121,6 +123,7 @@ class _Worker:
         self.last_event_at: float | None = None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # test doubles and wrappers extend it
 class MemoryStore:
     """IndexStore in process memory; the embedded default."""
 
@@ -135,6 +138,8 @@ class MemoryStore:
         self._retired: list[tuple[float, str]] = []
         """Heap of (last_seen, id) of sessions left with no residency (their workers removed,
         or dropped while a removed worker's record is younger): forgotten once idle."""
+        self.expire_chunk = EXPIRE_CHUNK
+        self.first_blocks_per_pass = FIRST_BLOCKS_PER_PASS
         self._firsts = FirstBlocks()
         """Which workers may hold each prompt's first block (`match_prefix` reads those)."""
 
@@ -288,10 +293,11 @@ class MemoryStore:
             due = w.index.idle(older_than, limit)
             more = more or len(due) > limit
             del due[limit:]
-            for start in range(0, len(due), EXPIRE_CHUNK):
+            chunk = self.expire_chunk
+            for start in range(0, len(due), chunk):
                 if self._workers.get(w.key) is not w:
                     break  # removed during a pause
-                dropped, forgotten = self._drop(w, due[start : start + EXPIRE_CHUNK], older_than)
+                dropped, forgotten = self._drop(w, due[start : start + chunk], older_than)
                 residencies += dropped
                 sessions += forgotten
                 await asyncio.sleep(0)
@@ -311,8 +317,8 @@ class MemoryStore:
     async def _sweep_firsts(self) -> None:
         """The next FIRST_BLOCKS_PER_PASS blocks of the first-block directory's walk."""
         looked = 0
-        while looked < FIRST_BLOCKS_PER_PASS and self._firsts:
-            looked += self._firsts.sweep(self._holds, EXPIRE_CHUNK)
+        while looked < self.first_blocks_per_pass and self._firsts:
+            looked += self._firsts.sweep(self._holds, self.expire_chunk)
             await asyncio.sleep(0)
 
     def _drop(self, w: _Worker, due: list[_Residency], older_than: float) -> tuple[int, int]:
@@ -465,7 +471,7 @@ class MemoryStore:
             return {}
         chosen = None if workers is None else set(workers)
         return {
-            key: _held_prefix(self._workers[key], hashes)
+            key: self._held_prefix(self._workers[key], hashes)
             for key in self._firsts.holders(hashes[0], self._holds)
             if chosen is None or key in chosen
         }
@@ -480,7 +486,18 @@ class MemoryStore:
                 continue
             path = w.index.tokens.walk(tokens_hashes)
             if path:
-                out[key] = _held_prefix(w, path)
+                out[key] = self._held_prefix(w, path)
+        return out
+
+    def _held_prefix(self, w: _Worker, hashes: Sequence[Hash]) -> list[tuple[str, ...]]:
+        """Media holding each block of the run of `hashes` the worker holds from the first."""
+        parts = [(part.medium, part.holders) for part in w.index.by_pid.values() if part.holders]
+        out: list[tuple[str, ...]] = []
+        for h in hashes:
+            media = {medium for medium, part in parts if h in part}
+            if not media:
+                break
+            out.append(tuple(sorted(media)))
         return out
 
     async def token_edges(self, worker: WorkerKey) -> dict[int, Edge]:
@@ -522,15 +539,3 @@ def _engine_time(w: _Worker) -> float:
     """The feed's time for a change no batch made: the worker's last engine time if known."""
     fence = w.index.fence
     return fence.last_ts if fence is not None else time.time()
-
-
-def _held_prefix(w: _Worker, hashes: Sequence[Hash]) -> list[tuple[str, ...]]:
-    """Media holding each block of the run of `hashes` the worker holds from the first."""
-    parts = [(part.medium, part.holders) for part in w.index.by_pid.values() if part.holders]
-    out: list[tuple[str, ...]] = []
-    for h in hashes:
-        media = {medium for medium, part in parts if h in part}
-        if not media:
-            break
-        out.append(tuple(sorted(media)))
-    return out

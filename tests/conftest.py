@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,27 @@ import uvicorn
 import zmq.asyncio
 
 from tests.waiting import eventually
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stale_native_modules(root: Path) -> list[str]:
+    """Modules under `root` whose compiled build (`make native`) is older than their source:
+    Python would import the build, not the code being tested."""
+    stale = []
+    for suffix in EXTENSION_SUFFIXES:
+        for built in root.glob(f"[!.]*/**/*{suffix}"):
+            source = built.with_name(built.name.removesuffix(suffix) + ".py")
+            if source.exists() and source.stat().st_mtime > built.stat().st_mtime:
+                stale.append(str(source.relative_to(root)))
+    return sorted(stale)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    stale = stale_native_modules(ROOT)
+    if stale:
+        raise pytest.UsageError(f"changed since `make native` compiled them: {', '.join(stale)}")
+
 
 Serve = Callable[..., Awaitable[int]]
 """`serve` fixture: `await serve(app, **config)`, the port of `app` served by uvicorn with

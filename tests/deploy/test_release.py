@@ -38,7 +38,7 @@ def test_kvsi_version_prints_the_package_metadatas_version() -> None:
         [sys.executable, "-m", "kvsi", "--version"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"kvsi {PROJECT['version']}\n"
+    assert result.stdout == f"kvsi {PROJECT['version']} (native core)\n", "make native built it"
 
 
 def test_every_kustomization_tags_the_kvsi_image_with_the_version() -> None:

@@ -3,6 +3,8 @@ the fleet; it names every holder (never fewer), and what it names beyond them is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from kvsi.store import memory as memory_module
@@ -70,26 +72,30 @@ def test_a_walk_spans_sweeps_and_drops_every_stale_block() -> None:
     assert firsts.sweep(held, 30) == 10, "a new walk over what is left"
 
 
-async def test_a_prefix_match_looks_only_at_the_workers_holding_the_first_block(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    store = MemoryStore()
+class _LookCounting(MemoryStore):
+    """Notes each worker a prefix match looks at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked: list[WorkerKey] = []
+
+    def _held_prefix(
+        self, w: memory_module._Worker, hashes: Sequence[Hash]
+    ) -> list[tuple[str, ...]]:
+        self.looked.append(w.key)
+        return super()._held_prefix(w, hashes)
+
+
+async def test_a_prefix_match_looks_only_at_the_workers_holding_the_first_block() -> None:
+    store = _LookCounting()
     workers = [WorkerKey(f"pod-{i}", 0) for i in range(1000)]
     for i, worker in enumerate(workers):
         await store.apply(worker, Batch(0, 1.0, [EntriesStored([i + 10_000, 7], "GPU", 0, "s")]))
     for worker in workers[3:5]:
         await store.apply(worker, Batch(1, 2.0, [EntriesStored([1, 2], "GPU", 0, "t")]))
-    looked: list[WorkerKey] = []
-    held_prefix = memory_module._held_prefix
-
-    def counted(w: memory_module._Worker, hashes: list[Hash]) -> list[tuple[str, ...]]:
-        looked.append(w.key)
-        return held_prefix(w, hashes)
-
-    monkeypatch.setattr(memory_module, "_held_prefix", counted)
     got = await store.match_prefix([1, 2, 3], None)
     assert got == {workers[3]: [("GPU",)] * 2, workers[4]: [("GPU",)] * 2}
-    assert sorted(looked) == workers[3:5]
+    assert sorted(store.looked) == workers[3:5]
     assert await store.match_prefix([7], None) == {}, "7 was stored after a parent, not first"
     assert await store.match_prefix([1, 2], [workers[4], workers[9]]) == {
         workers[4]: [("GPU",)] * 2
@@ -112,11 +118,10 @@ async def test_a_store_with_a_parent_does_not_name_its_worker() -> None:
     ],
 )
 async def test_evicted_first_blocks_leave_the_directory_by_the_janitors_passes(
-    gone: EntriesRemoved | WorkerCleared, monkeypatch: pytest.MonkeyPatch
+    gone: EntriesRemoved | WorkerCleared,
 ) -> None:
-    monkeypatch.setattr(memory_module, "FIRST_BLOCKS_PER_PASS", 2)
-    monkeypatch.setattr(memory_module, "EXPIRE_CHUNK", 2)
     store = MemoryStore()
+    store.first_blocks_per_pass = store.expire_chunk = 2
     await store.apply(A, Batch(0, 1.0, [EntriesStored([h], "GPU", 0, f"s{h}") for h in (1, 2)]))
     await store.apply(B, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s1")]))
     await store.apply(A, Batch(1, 2.0, [gone]))
