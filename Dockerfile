@@ -11,15 +11,15 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eea
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# A virtualenv without pip or setuptools: the build's own pip installs into it (--python),
+# so neither reaches the runtime layer.
+RUN python -m venv --without-pip /opt/kvsi
 # A C compiler for the index core (setup.py: mypyc); the runtime layer needs none.
 # DL3008: the compiler comes with the pinned base's Debian release.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
-# A virtualenv without pip or setuptools: the build's own pip installs into it (--python),
-# so neither reaches the runtime layer.
-RUN python -m venv --without-pip /opt/kvsi
 WORKDIR /src
 # Dependencies first, pinned by constraints.txt, from pyproject.toml alone: a code edit
 # reuses this layer instead of reinstalling every dependency. redis: the shared store;

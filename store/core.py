@@ -17,9 +17,8 @@ session sets from Redis).
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Final, Generic, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 from kvsi.store.feed import ResidencyRow
 from kvsi.store.model import (
@@ -35,9 +34,6 @@ from kvsi.store.model import (
 )
 from kvsi.store.records import ABSENT, Holders, Part, Removed, Residency
 from kvsi.store.tokens import Edge, TokenTree
-
-_NOT_HELD: Final = itertools.repeat(False)
-"""Defaults of a removal's `holders.pop`: False, never a holder."""
 
 
 def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
@@ -286,10 +282,11 @@ class WorkerIndex(Generic[P, R]):
             elif last != res.frontier:  # not the same blocks in another part: unknown
                 res.position = None
             res.frontier = last
-        before = len(holders)
         adopted = None
-        if holders.keys().isdisjoint(hashes):  # all new to the worker: the common case
-            holders.update(dict.fromkeys(hashes, res))
+        if _none_held(holders, hashes):  # all new to the worker: the common case
+            before = len(holders)
+            for h in hashes:
+                holders[h] = res
             n = len(holders) - before
             added = fresh = hashes if n == len(hashes) else list(dict.fromkeys(hashes))
         elif _holds_all(holders, res, hashes):  # a reuse report of what it holds
@@ -325,13 +322,20 @@ class WorkerIndex(Generic[P, R]):
         """Entries leave the worker and their sessions, as lost blocks of those sessions
         (eviction) or not (`lost` False: the stale policy's drops). Dynamo's edges of
         those no part holds any more go too (`Removed.unlinked`)."""
-        popped: list[Holders | bool] = list(map(part.holders.pop, hashes, _NOT_HELD))
+        holders = part.holders
+        popped: list[Holders | bool] = []
+        losers: dict[Residency, int] = {}  # entries each residency loses
+        for h in hashes:
+            cur = holders.pop(h, False)
+            popped.append(cur)
+            if isinstance(cur, Residency):
+                losers[cur] = losers.get(cur, 0) + 1
+            elif isinstance(cur, set):
+                for res in cur:
+                    losers[res] = losers.get(res, 0) + 1
         pid, batch = part.pid, self._batch
-        losers = Counter(popped if set not in map(type, popped) else _each_holder(popped))
         hurt = blocks = tokens = 0  # `_lose` of each residency, summed
         for res, n in losers.items():
-            if not isinstance(res, Residency):
-                continue  # not on the worker (False), or held by no session (None)
             if pid:
                 _uncount_other(res.in_others, pid, n)
             else:
@@ -469,12 +473,18 @@ class WorkerIndex(Generic[P, R]):
         return out
 
 
+def _none_held(holders: dict[Hash, Holders], hashes: list[Hash]) -> bool:
+    """Whether none of `hashes` is on the worker (one look each, compiled to C calls)."""
+    return all(h not in holders for h in hashes)
+
+
 def _holds_all(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]) -> bool:
     """Whether `res` holds every one of `hashes` already, alone or with others: engines
     report the reuse of a whole prefix, often one several sessions share (a system prompt),
-    so a plain loop: a set's own `in` costs less than the C calls that would route to it."""
-    for cur in map(holders.get, hashes):
-        if cur is not res and (type(cur) is not set or res not in cur):
+    so one look per hash, compiled to a C call."""
+    for h in hashes:
+        cur = holders.get(h)
+        if cur is not res and (not isinstance(cur, set) or res not in cur):
             return False
     return True
 
@@ -507,17 +517,6 @@ def _hold_each(
             cur.add(res)
         added.append(h)
     return added, fresh, adopted
-
-
-def _each_holder(popped: list[Holders | bool]) -> list[Holders | bool]:
-    """`popped` with each set of holders (an entry several sessions hold) spread out."""
-    out: list[Holders | bool] = []
-    for cur in popped:
-        if isinstance(cur, set):
-            out += cur
-        else:
-            out.append(cur)
-    return out
 
 
 def _uncount_other(others: dict[int, int], pid: int, n: int) -> None:
