@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from kvsi.version import core_build
-from tests.conftest import stale_native_modules
+from tests.conftest import ROOT, stale_native_modules
 
 
 def test_the_suite_runs_the_native_core() -> None:
@@ -23,3 +27,25 @@ def test_a_source_newer_than_its_build_is_named(tmp_path: Path) -> None:
     os.utime(pkg / "core.py", (2_000_000_000, 2_000_000_000))  # edited after the build
     os.utime(pkg / "memory.py", (1_000_000_000, 1_000_000_000))
     assert stale_native_modules(tmp_path) == ["store/core.py"]
+
+
+def test_the_interpreted_build_answers_as_the_native_one(tmp_path: Path) -> None:
+    """`KVSI_PURE_PYTHON=1` ships the same source interpreted: after the same ingest (eviction,
+    a restart, shared and sessionless blocks) both builds answer alike, to the byte."""
+    shutil.copytree(
+        ROOT / "kvsi",
+        tmp_path / "kvsi",
+        ignore=shutil.ignore_patterns(*(f"*{s}" for s in EXTENSION_SUFFIXES), "__pycache__"),
+    )
+    script = str(Path(__file__).with_name("index_digest.py"))
+    answers = {}
+    for build, path in (("native", ROOT), ("interpreted", tmp_path)):
+        env = os.environ | {"PYTHONPATH": str(path), "PYTHONHASHSEED": "0"}
+        done = subprocess.run(
+            [sys.executable, script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        answers[build] = json.loads(done.stdout)
+        assert answers[build].pop("build") == build
+    assert answers["native"]["losses"], "the ingest evicted"
+    assert answers["native"] == answers["interpreted"]
