@@ -185,7 +185,8 @@ async def warn_if_unreachable(store: IndexReader, url: str) -> None:
     """One warning line at start when the store does not answer; the service starts anyway
     (the API answers 503 and ingest holds its batches until the store is back)."""
     try:
-        await asyncio.wait_for(store.list_workers(), STORE_CHECK_SECONDS)
+        async with asyncio.timeout(STORE_CHECK_SECONDS):
+            await store.list_workers()
     except Exception as exc:  # any failure: the line names it, the service goes on
         log.warning(
             "store.unreachable",

@@ -61,7 +61,8 @@ async def tail(
     try:
         while count is None or seen < count:
             try:
-                frames = await asyncio.wait_for(sock.recv_multipart(), quiet_notice)
+                async with asyncio.timeout(quiet_notice):
+                    frames = await sock.recv_multipart()
             except TimeoutError:
                 notice(_quiet(endpoint, topic, quiet_notice, seen))
                 continue

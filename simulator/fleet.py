@@ -452,7 +452,8 @@ class SimulatedFleet:
             await asyncio.sleep(0)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
 
     def _accumulate(self, run: FleetStats) -> None:
         self.stats.ticks += run.ticks

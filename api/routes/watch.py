@@ -107,7 +107,8 @@ async def _events(
         yield b": watching\n\n"
         while not stopping.is_set():
             try:
-                entry = await asyncio.wait_for(sub.next(), STOP_CHECK_SECONDS)
+                async with asyncio.timeout(STOP_CHECK_SECONDS):
+                    entry = await sub.next()
             except TimeoutError:
                 idle += STOP_CHECK_SECONDS
                 if idle >= KEEPALIVE_SECONDS:
