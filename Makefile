@@ -32,11 +32,12 @@ constraints:
 	rm -rf $(VENV)/lock
 
 # The index core as C (mypyc, setup.py), built in place next to its sources and rebuilt
-# whenever one of them changes: tests and the demo never run a stale build
-# (tests/conftest.py refuses one).
-NATIVE := $(shell sed -n 's|^    "kvsi/\(.*\.py\)",$$|\1|p' setup.py)
-$(VENV)/.native: setup.py $(NATIVE) $(BIN)/.installed
-	$(BIN)/python setup.py --quiet build_ext --inplace --force
+# whenever a module of store/ changes (the compiled code has the types of the modules it
+# imports built in): tests and the demo never run a stale build (tests/conftest.py refuses
+# one). The old build goes first, so a module no longer compiled is no longer shadowed.
+$(VENV)/.native: setup.py $(shell find store -name '*.py') $(BIN)/.installed
+	find store -name '*.so' -delete
+	env -u KVSI_PURE_PYTHON $(BIN)/python setup.py --quiet build_ext --inplace --force
 	touch $@
 
 native: $(VENV)/.native
@@ -83,7 +84,8 @@ bench-peers: $(VENV)/.native $(PEERS_BIN)/.installed
 	$(PEERS_BIN)/python bench/ingest_e2e.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build
+	find store -name '*.so' -delete
 
 # The interop tier (tests/interop): real vLLM 0.33 code on the CPU, in its own virtualenv
 # inside .venv (ignored like it) so `make test` stays light. vLLM and xgrammar install

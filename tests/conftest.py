@@ -19,15 +19,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def stale_native_modules(root: Path) -> list[str]:
-    """Modules under `root` whose compiled build (`make native`) is older than their source:
-    Python would import the build, not the code being tested."""
-    stale = []
+    """Sources changed since `make native` compiled the package they are in (a top-level
+    folder of `root` holding compiled modules): Python would import the build, not the code
+    being tested, and the build has the types of the modules it imports built in."""
+    built: dict[Path, float] = {}
     for suffix in EXTENSION_SUFFIXES:
-        for built in root.glob(f"[!.]*/**/*{suffix}"):
-            source = built.with_name(built.name.removesuffix(suffix) + ".py")
-            if source.exists() and source.stat().st_mtime > built.stat().st_mtime:
-                stale.append(str(source.relative_to(root)))
-    return sorted(stale)
+        for module in root.glob(f"[!.]*/**/*{suffix}"):
+            top = root / module.relative_to(root).parts[0]
+            if not (top / "__init__.py").exists():
+                continue  # not a package: setup.py's build/ folder
+            built[top] = min(built.get(top, module.stat().st_mtime), module.stat().st_mtime)
+    return sorted(
+        str(source.relative_to(root))
+        for top, oldest in built.items()
+        for source in top.rglob("*.py")
+        if source.stat().st_mtime > oldest
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

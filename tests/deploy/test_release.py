@@ -41,6 +41,15 @@ def test_kvsi_version_prints_the_package_metadatas_version() -> None:
     assert result.stdout == f"kvsi {PROJECT['version']} (native core)\n", "make native built it"
 
 
+def test_the_build_compiles_with_the_pinned_mypy() -> None:
+    """The wheel and the image build the native core with pyproject.toml's build pin, `make
+    native` with the virtualenv's (constraints.txt): one mypyc for both."""
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    pinned = [r for r in build if normalized(r) == "mypy"]
+    constraint = re.search(r"^mypy==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
+    assert constraint is not None and pinned == [f"mypy=={constraint.group(1)}"]
+
+
 def test_every_kustomization_tags_the_kvsi_image_with_the_version() -> None:
     tags = {
         str(path.relative_to(DEPLOY)): image["newTag"]

@@ -20,13 +20,20 @@ def test_the_suite_runs_the_native_core() -> None:
 
 def test_a_source_newer_than_its_build_is_named(tmp_path: Path) -> None:
     pkg = tmp_path / "store"
-    pkg.mkdir()
-    for name in ("core", "memory"):
-        (pkg / f"{name}.py").write_text("")
+    (pkg / "redis").mkdir(parents=True)
+    (tmp_path / "build").mkdir()  # setup.py's, not a package
+    sources = ["__init__.py", "core.py", "memory.py", "model.py", "redis/layout.py"]
+    for name in sources:
+        (pkg / name).write_text("")
+        os.utime(pkg / name, (1_000_000_000, 1_000_000_000))
+    for name in ("core", "memory", "redis/layout"):
         (pkg / f"{name}{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
-    os.utime(pkg / "core.py", (2_000_000_000, 2_000_000_000))  # edited after the build
-    os.utime(pkg / "memory.py", (1_000_000_000, 1_000_000_000))
-    assert stale_native_modules(tmp_path) == ["store/core.py"]
+    (tmp_path / "build" / f"core{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    (tmp_path / "build" / "setup.py").write_text("")
+    assert stale_native_modules(tmp_path) == []
+    for edited in ("core.py", "model.py"):  # compiled, and imported by what is compiled
+        os.utime(pkg / edited, (2_000_000_000, 2_000_000_000))
+    assert stale_native_modules(tmp_path) == ["store/core.py", "store/model.py"]
 
 
 def test_the_interpreted_build_answers_as_the_native_one(tmp_path: Path) -> None:
