@@ -5,36 +5,15 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from importlib.machinery import EXTENSION_SUFFIXES
-from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
 import zmq.asyncio
 
+from tests.native import stale_native_modules
+from tests.paths import ROOT
 from tests.waiting import eventually
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def stale_native_modules(root: Path) -> list[str]:
-    """Sources changed since `make native` compiled the package they are in (a top-level
-    folder of `root` holding compiled modules): Python would import the build, not the code
-    being tested, and the build has the types of the modules it imports built in."""
-    built: dict[Path, float] = {}
-    for suffix in EXTENSION_SUFFIXES:
-        for module in root.glob(f"[!.]*/**/*{suffix}"):
-            top = root / module.relative_to(root).parts[0]
-            if not (top / "__init__.py").exists():
-                continue  # not a package: setup.py's build/ folder
-            built[top] = min(built.get(top, module.stat().st_mtime), module.stat().st_mtime)
-    return sorted(
-        str(source.relative_to(root))
-        for top, oldest in built.items()
-        for source in top.rglob("*.py")
-        if source.stat().st_mtime > oldest
-    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 WIRING = ("kvsi.cli", "kvsi.serve", "kvsi.settings", "kvsi.discovery", "kvsi.janitor")
 FORBIDDEN = {

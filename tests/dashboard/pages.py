@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tests.paths import ROOT
+
 if TYPE_CHECKING:
     from playwright.async_api import Browser, ConsoleMessage, Page
 
 T = TypeVar("T")
-ROOT = Path(__file__).parents[2]
 
 SCREENSHOTS = os.environ.get("KVSI_SCREENSHOTS")
 """A directory (relative to the repository) to copy the README's screenshot into, or None."""

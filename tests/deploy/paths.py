@@ -6,7 +6,8 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 """The test environment's scripts: hadolint, kubectl (the dev extra's wheels) live here."""

@@ -30,12 +30,12 @@ from pathlib import Path
 import pytest
 
 from tests.environ import service_environ
+from tests.paths import ROOT
 from tests.ports import free_port_run
 from tests.waiting import until_sync
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "deploy" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 NOT_RUN = ("kvsi serve", "make demo", "kubectl ", "docker ", "vllm serve", "python deploy/")

@@ -11,7 +11,8 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from kvsi.version import core_build
-from tests.conftest import ROOT, stale_native_modules
+from tests.native import stale_native_modules
+from tests.paths import ROOT
 
 
 def test_the_suite_runs_the_native_core() -> None:

@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from kvsi.hashing.dynamo import tokens_hashes
+from tests.paths import ROOT
 from tests.ports import free_port
 from tests.waiting import until
 
-ROOT = Path(__file__).parents[2]
 PEERS_PYTHON = Path(
     os.environ.get("KVSI_PEERS_PYTHON", ROOT / ".venv" / "peers" / "bin" / "python")
 )
