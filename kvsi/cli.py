@@ -79,15 +79,24 @@ def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
     KeyboardInterrupt landing wherever the loop happens to be. A second signal during that
     shutdown cancels again, cutting the cleanup short (an operator's second Ctrl-C)."""
 
+    stops = {signal.SIGINT, signal.SIGTERM}
+
     async def until_signalled() -> None:
         loop = asyncio.get_running_loop()
         task = loop.create_task(main, name="main")
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in stops:
             loop.add_signal_handler(signum, task.cancel)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # one held meanwhile cancels now
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    asyncio.run(until_signalled())
+    # Held while the event loop is made: a stop raised inside its constructor leaves a
+    # half-made loop whose finalizer prints a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        asyncio.run(until_signalled())
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 def _stopped_while_starting(signum: int, _frame: object) -> None:
