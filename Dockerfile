@@ -9,8 +9,11 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${PYTHON_IMAGE} AS build
+# KVSI_REQUIRE_NATIVE: the image ships the compiled index core or fails to build (setup.py
+# would otherwise fall back to the interpreted one).
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    KVSI_REQUIRE_NATIVE=1
 # A virtualenv without pip or setuptools: the build's own pip installs into it (--python),
 # so neither reaches the runtime layer.
 RUN python -m venv --without-pip /opt/kvsi

@@ -37,7 +37,7 @@ constraints:
 # one). The old build goes first, so a module no longer compiled is no longer shadowed.
 $(VENV)/.native: setup.py $(shell find store -name '*.py') $(BIN)/.installed
 	find store -name '*.so' -delete
-	env -u KVSI_PURE_PYTHON $(BIN)/python setup.py --quiet build_ext --inplace --force
+	env -u KVSI_PURE_PYTHON KVSI_REQUIRE_NATIVE=1 $(BIN)/python setup.py --quiet build_ext --inplace --force
 	touch $@
 
 native: $(VENV)/.native

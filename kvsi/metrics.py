@@ -10,10 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+BUILD = Info(
+    "kvsi_build",
+    "What this process runs: the package version and the index core's build (`native`: "
+    "compiled by mypyc; `interpreted`: built without a C compiler, same behaviour, lower "
+    "ingest rate).",
+)
 LOOP_LAG = Histogram(
     "kvsi_event_loop_lag_seconds",
     "How late the event loop ran a timer due every LOOP_LAG_INTERVAL: what a request or a "

@@ -30,6 +30,7 @@ from kvsi.store.model import WorkerKey
 from kvsi.store.select import StoreURLError, masked, open_roster, open_store
 from kvsi.subscriber.pool import StreamPool
 from kvsi.subscriber.stream import IngestOptions, PublisherSpec
+from kvsi.version import core_build, package_version
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +84,15 @@ def readiness_probe(
 
 async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | None = None) -> None:
     """Run until cancelled (Ctrl-C): ingest and/or API as the settings say."""
+    build = {"version": package_version(), "core": core_build()}
+    metrics.BUILD.info(build)
+    log.info(
+        "serve.start",
+        **build,
+        store=masked(settings.store),
+        ingest=settings.ingest,
+        api=settings.api,
+    )
     try:
         store = open_store(settings.store)
     except StoreURLError as exc:

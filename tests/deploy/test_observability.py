@@ -188,11 +188,16 @@ def test_dashboard_metrics_api_and_index_metrics_and_json_logs_from_a_running_se
     assert not any(session in route for route, _ in requests), "templates, never raw paths"
     latency = {labels["route"] for labels, _ in found["kvsi_http_request_seconds_count"]}
     assert "/v1/pods" in latency
+    ((build, shown),) = found["kvsi_build_info"]
+    assert shown == 1 and build["core"] == "native" and build["version"], build
     entries = {labels["worker"]: v for labels, v in found["kvsi_index_entries"]}
     assert len(entries) == 3 and all(v > 0 for v in entries.values())
     assert all(labels["worker"] in entries for labels, _ in found["kvsi_index_sessions"])
 
     lines = logs(log.read_text())
+    (start,) = [line for line in lines if line.get("event") == "serve.start"]
+    assert (start["version"], start["core"]) == (build["version"], "native"), start
+    assert start["store"] == "memory" and start["ingest"] is True and start["api"] is True
     connected = [line for line in lines if line.get("event") == "stream.connected"]
     assert connected and all("worker" in line and "pod" in line for line in connected)
     asked = [

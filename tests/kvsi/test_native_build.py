@@ -11,6 +11,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from kvsi.version import core_build
+from tests.deploy.dockerfile import env_of, stages
 from tests.native import stale_native_modules
 from tests.paths import ROOT
 
@@ -57,3 +58,72 @@ def test_the_interpreted_build_answers_as_the_native_one(tmp_path: Path) -> None
         assert answers[build].pop("build") == build
     assert answers["native"]["losses"], "the ingest evicted"
     assert answers["native"] == answers["interpreted"]
+
+
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "kvsi", "api", "store")
+SOURCES_TOO = ("subscriber", "simulator", "hashing")
+"""What a wheel is built from (kvsi/ links to the other folders), copied without any build."""
+
+
+def source_copy(into: Path) -> Path:
+    src = into / "src"
+    src.mkdir()
+    built = shutil.ignore_patterns(*(f"*{s}" for s in EXTENSION_SUFFIXES), "__pycache__")
+    for name in (*SOURCES, *SOURCES_TOO):
+        path = ROOT / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.copytree(path, src / name, ignore=built, symlinks=True)
+        else:
+            shutil.copy(path, src / name, follow_symlinks=False)
+    return src
+
+
+def build_wheel(src: Path, dist: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`pip wheel` of `src` with this virtualenv's build tools, `env` added to the build's
+    environment (and neither of the build's switches inherited)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KVSI_")}
+    argv = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation"]
+    return subprocess.run(
+        [*argv, "-w", str(dist), str(src)],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_without_a_compiler_the_wheel_carries_the_interpreted_core(tmp_path: Path) -> None:
+    """No working C compiler (`CC=false`): the build says so in one line and the wheel holds
+    the interpreted core, whole, which imports and says what it is."""
+    dist = tmp_path / "dist"
+    done = build_wheel(source_copy(tmp_path), dist, CC="false")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "native core did not build" in line]
+    assert len(said) == 1 and "KVSI_REQUIRE_NATIVE=1" in said[0], done.stderr[-2000:]
+    (wheel,) = dist.glob("kv_session_index-*.whl")
+    site = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site)]
+    subprocess.run([*install, str(wheel)], check=True, capture_output=True, timeout=300)
+    assert not [p for s in EXTENSION_SUFFIXES for p in (site / "kvsi").rglob(f"*{s}")]
+    probe = "from kvsi.store.memory import MemoryStore; from kvsi.version import core_build; "
+    shown = subprocess.run(
+        [sys.executable, "-c", probe + "print(core_build())"],
+        cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.stdout.strip() == "interpreted", shown.stderr
+
+
+def test_a_build_that_requires_the_native_core_fails_without_a_compiler(tmp_path: Path) -> None:
+    """`KVSI_REQUIRE_NATIVE=1` (the image's build stage, `make native`) turns the fallback
+    into the compiler's error."""
+    done = build_wheel(
+        source_copy(tmp_path), tmp_path / "dist", CC="false", KVSI_REQUIRE_NATIVE="1"
+    )
+    assert done.returncode != 0
+    assert "native core did not build" not in done.stderr
+    assert "'false'" in done.stdout + done.stderr, "the failing compiler command is shown"
+    assert env_of(stages()[0]).get("KVSI_REQUIRE_NATIVE") == "1", "the image's build stage"
