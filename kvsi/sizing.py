@@ -43,11 +43,11 @@ class Measured:
     """Bytes per change-feed record (of 64 residencies); a worker keeps `FEED_LENGTH`.
     redis_memory_shape.py."""
 
-    redis_us_per_batch: float = 190.0
+    redis_us_per_batch: float = 142.0
     """µs of Redis CPU per agentic batch applied one at a time (`agentic x1 g1`: a stream
-    keeping up with its engine). ingest_redis.py, "For the sizing model"."""
+    keeping up with its engine). ingest_redis.py, "For the sizing model, the native core"."""
 
-    ingest_us_per_batch: float = 303.0
+    ingest_us_per_batch: float = 188.0
     """µs of the ingest process's CPU per agentic batch, same run and line as
     `redis_us_per_batch`."""
 
@@ -75,22 +75,22 @@ class Measured:
     """(workers, µs of the API process's CPU per `match_prefix`) as measured, nearly flat.
     directory_reads.py, "Reads that cost the same at every fleet size"."""
 
-    api_us_per_route: float = 1_027.0
+    api_us_per_route: float = 586.0
     """µs of `kvsi serve`'s CPU per `POST /v1/route` over HTTP on the memory store (100
     workers): the HTTP server, the app, the memory store's reads, the log line.
-    api_cpu.py, "For the sizing model"."""
+    api_cpu.py, "For the sizing model, the native core"."""
 
-    memory_store_bytes_per_entry: float = 147.6
+    memory_store_bytes_per_entry: float = 152.0
     """RSS bytes per entry of one process holding the memory store at 10,000,000 entries.
-    memory_at_size.py."""
+    memory_at_size.py, "For the sizing model, the native core"."""
 
-    memory_store_apply_per_cpu_second: float = 455_403.0
+    memory_store_apply_per_cpu_second: float = 953_558.0
     """Block-events the memory store applies per CPU second at 10,000,000 entries (decode and
-    apply). memory_at_size.py."""
+    apply). memory_at_size.py, "For the sizing model, the native core"."""
 
-    receive_us_per_batch: float = 89.0
+    receive_us_per_batch: float = 35.0
     """µs per message `kvsi serve` spends around decode and apply (ZMQ receive, the stream's
-    work) on agentic batches. ingest_e2e.py, "Why agentic lost more than small"."""
+    work) on agentic batches. ingest_e2e.py, "For the sizing model, the native core"."""
 
     def redis_bytes(self, fleet: Fleet) -> float:
         """The index in Redis: its entries, its sessions (each on one worker, starting its own
