@@ -149,8 +149,8 @@ class WorkerKeys:
         return [f"{head}{b}" for b in range(BUCKETS)]
 
     def entry_base(self, pid: int) -> str:
-        """What the part's entry-index bucket keys start with (then the bucket number):
-        apply.lua names a bucket from it and a member (`bucket` in Lua)."""
+        """What the part's entry-index bucket keys start with (then the bucket number): the
+        writer's plan names a bucket from it and a member (`redis.plan.Plan.seal`)."""
         return f"{self.base}e:{pid}:"
 
     def unconfirmed(self, pid: int) -> str:

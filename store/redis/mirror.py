@@ -50,13 +50,10 @@ from kvsi.store.redis.plan import (
     HDEL,
     HSET,
     HSETNX,
-    INDEX_ADD,
     LPUSH,
     LTRIM,
-    REMOVE_INDEXED,
     SADD,
     SREM,
-    STORE_INDEXED,
     XADD,
     ZADD,
     ZREM,
@@ -159,7 +156,7 @@ class Mirror:
 
         The ops follow the events in order (apply.lua replays them in order), so nothing is
         merged across events: each event's writes go straight into the Plan (entry-index
-        changes as marks that apply.lua writes per bucket at the end of the call). What holds
+        changes as marks it writes per bucket when the call is sealed). What holds
         one value per session or per worker is written once, with its final value: the
         touched residencies, their last-seen scores, the counts, fence and version (with the
         version log's entries in one LPUSH). That is once per batch, or, for a run of batches
@@ -249,7 +246,9 @@ class Mirror:
             self._link_in(plan, event)
         if res is None:
             if added:
-                plan.index(STORE_INDEXED, part.entry_base, members(added), part.orphans_key)
+                orphans = members(added)
+                plan.call(SADD, part.orphans_key, orphans)
+                plan.index(part.entry_base, orphans, into=True)
             return
         if res.last_store == ts:
             res.last_store_text = text
@@ -260,12 +259,12 @@ class Mirror:
             plan.call(SREM, part.orphans_key, members(adopted))
         if added:
             key = res.set_keys.get(part.pid) or self._key(res, part.pid)
+            held = members(added)
+            plan.call(SADD, key, held)
             if len(fresh) == len(added):  # all new to the worker: the common case
-                plan.index(STORE_INDEXED, part.entry_base, members(added), key)
-            else:
-                plan.call(SADD, key, members(added))
-                if fresh:
-                    plan.index(INDEX_ADD, part.entry_base, members(fresh))
+                plan.index(part.entry_base, held, into=True)
+            elif fresh:
+                plan.index(part.entry_base, members(fresh), into=True)
 
     def _link_in(self, plan: Plan, event: EntriesStored) -> None:
         """Dynamo's edges a store adds (store/tokens.py), into the worker's edge hash."""
@@ -291,14 +290,15 @@ class Mirror:
         """Removals, grouped per set, each member also out of the entry index: every entry
         gone was an orphan or held by a session (a holder set has two or more), so the sets'
         SREMs name each once at least; a set losing one member (the common case: evicted
-        blocks of many sessions) goes in one REMOVE1_INDEXED op with the others (two args
-        each)."""
+        blocks of many sessions) goes in one REMOVE1 op with the others (two args each)."""
         out = self.index.remove(part, hashes, lost=True)
         self._unlink_in(plan, out.unlinked)
         base = part.entry_base
         orphans = out.orphans()
         if orphans:
-            plan.index(REMOVE_INDEXED, base, members(orphans), part.orphans_key)
+            gone = members(orphans)
+            plan.call(SREM, part.orphans_key, gone)
+            plan.index(base, gone, into=False)
         sessions = out.sessions()
         if not sessions:
             return
@@ -313,10 +313,14 @@ class Mirror:
                 single_keys.append(key)
                 singles.append(group[0])
             else:
-                plan.index(REMOVE_INDEXED, base, members(group), key)
+                lost = members(group)
+                plan.call(SREM, key, lost)
+                plan.index(base, lost, into=False)
             touched[sid] = res
         if singles:
-            plan.index_singles(base, single_keys, members(singles))
+            lost = members(singles)
+            plan.remove1(single_keys, lost)
+            plan.index(base, lost, into=False)
 
     def _clear_in(self, plan: Plan, touched: dict[str, MirrorResidency]) -> None:
         emptied = self.index.clear()

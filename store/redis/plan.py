@@ -3,17 +3,26 @@
 Imports neither zmq, fastapi nor redis. The writer builds one Plan per write; the script only
 checks the fence and version, then replays the ops, so no per-block logic runs in Redis.
 Each op is `code, count, args...`: it takes the next KEYS entry and `count` args, or, for the
-multi-key codes (DEL, SUNIONSTORE), the next `count` KEYS entries and no args. Two header
-args per op, not four: every argument costs Redis a Lua string and the client a packing.
+multi-key codes (DEL, SUNIONSTORE), the next `count` KEYS entries and no args, or for
+REMOVE1 the next `count` KEYS entries and `count` args, one each. Two header args per op,
+not four: every argument costs Redis a Lua string and the client a packing.
+
+The entry index (each part's bucket sets, store/README.md) is written here too, as plain
+SADDs and SREMs of whole buckets: the plan keeps each member's last change per part and
+writes every touched bucket once, when the call is sealed (`seal`, just before it is sent)
+or before a DEL (which may delete buckets). A run of batches in one call thus writes each
+bucket at most twice, whatever its batches store and evict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvsi.store.redis.layout import WorkerKeys
+from kvsi.store.redis.layout import WorkerKeys, bucket
 
 Arg = str | int | float | bytes
+Member = int | bytes
+"""A block hash as a set member (`layout.member`)."""
 
 MAX_ARGS = 4000
 """Args (or keys) per op: Redis' Lua cannot `unpack` more than 8000 values into one call."""
@@ -31,29 +40,22 @@ LTRIM = "t"
 DEL = "d"
 SUNIONSTORE = "u"
 XADD = "x"
-STORE_INDEXED = "F"
-"""SADD to the op's key, and each member into the entry index (apply.lua buckets it)."""
-REMOVE_INDEXED = "E"
-"""SREM from the op's key, and each member out of the entry index."""
-REMOVE1_INDEXED = "S"
-"""One SREM of one member per key, for `count` keys (the op's args are the members), and
-each member out of the entry index."""
-INDEX_ADD = "I"
-"""Members into the entry index; no key of their own."""
-INDEX_BASE = "B"
-"""The op's key starts the entry-index bucket names the next F/E/S/I ops write (a part's)."""
+REMOVE1 = "S"
+"""One SREM of one member per key, for `count` keys (the op's args are the members)."""
 
 
 class Plan:
     """KEYS (meta and version log first, for the guard) and ARGV ops for one apply.lua call."""
 
-    __slots__ = ("_base", "keys", "ops")
+    __slots__ = ("_deletes", "_marks", "keys", "ops")
 
     def __init__(self, keys: WorkerKeys) -> None:
         self.keys: list[str] = [keys.meta, keys.vlog]
         self.ops: list[Arg] = []
-        self._base: str | None = None
-        """The entry-index base the script will have when it reaches the end of `ops`."""
+        self._marks: dict[str, dict[Member, bool]] = {}
+        """Per part's entry base, each member's last change not yet written: in or out."""
+        self._deletes = False
+        """Whether the ops hold a DEL (before which the marks of a plan ahead are written)."""
 
     def call(self, code: str, key: str, args: Sequence[Arg], lead: Sequence[Arg] = ()) -> None:
         """One command on one key; long arg lists split into several (each with `lead` first).
@@ -74,52 +76,64 @@ class Plan:
 
     def extend(self, other: Plan) -> None:
         """Append `other`'s commands (its KEYS after the guard's two): several writes of one
-        worker, planned in order, become one apply.lua call that checks the guard once."""
+        worker, planned in order, become one apply.lua call that checks the guard once. The
+        entry-index changes of both are written together, unless `other` deletes."""
+        if other._deletes:
+            self._write_marks()
+            self._deletes = True
         self.keys += other.keys[2:]
         self.ops += other.ops
-        if other._base is not None:
-            self._base = other._base
+        for base, changes in other._marks.items():
+            marks = self._marks.get(base)
+            if marks is None:
+                self._marks[base] = dict(changes)
+            else:
+                marks.update(changes)
 
-    def index(self, code: str, base: str, members: Sequence[Arg], key: str | None = None) -> None:
-        """Entry-index changes of one part (`base`: `WorkerKeys.entry_base`), in op order:
-        INDEX_ADD, or STORE_INDEXED / REMOVE_INDEXED, which also SADD `members` to / SREM
-        them from `key`.
+    def index(self, base: str, members: Sequence[Member], *, into: bool) -> None:
+        """`members` into (or out of) the entry index of the part `base` names
+        (`WorkerKeys.entry_base`): written per bucket when the call is sealed."""
+        marks = self._marks.get(base)
+        if marks is None:
+            marks = self._marks[base] = {}
+        for m in members:
+            marks[m] = into
 
-        apply.lua works out each member's bucket and writes every bucket once, at the end of
-        the call (or before a DEL): the client sends no per-bucket keys or groups, and a
-        member a session stores or loses is sent once, not twice.
-        """
-        self._use_base(base)
-        for start in range(0, len(members), MAX_ARGS):
-            chunk = members[start : start + MAX_ARGS]
-            if key is not None:
-                self.keys.append(key)
-            self.ops.append(code)
-            self.ops.append(len(chunk))
-            self.ops += chunk
-
-    def index_singles(self, base: str, keys: Sequence[str], members: Sequence[Arg]) -> None:
-        """REMOVE1_INDEXED: one member out of each of `keys`, two args per key, not four,
-        and out of the entry index of the part `base` names.
-
-        apply.lua runs them one by one (no `unpack`), so any count fits in one op.
-        """
-        self._use_base(base)
+    def remove1(self, keys: Sequence[str], members: Sequence[Arg]) -> None:
+        """REMOVE1: one member out of each of `keys`, two args per key, not four (apply.lua
+        runs them one by one, no `unpack`: any count fits in one op)."""
         ops = self.ops
-        ops.append(REMOVE1_INDEXED)
+        ops.append(REMOVE1)
         ops.append(len(keys))
         ops += members
         self.keys += keys
 
-    def _use_base(self, base: str) -> None:
-        """The entry-index base the next ops write (INDEX_BASE, only when it changes)."""
-        if base != self._base:
-            self.keys.append(base)
-            self.ops += (INDEX_BASE, 0)
-            self._base = base
+    def seal(self) -> None:
+        """Write the entry-index changes still held: the plan is about to be sent."""
+        self._write_marks()
+
+    def _write_marks(self) -> None:
+        """Each touched bucket's members out, then in: one SREM and one SADD at most."""
+        for base, marks in self._marks.items():
+            buckets: dict[int, tuple[list[Arg], list[Arg]]] = {}
+            for m, into in marks.items():
+                b = bucket(m)  # a member's bucket is its hash's (layout.member)
+                group = buckets.get(b)
+                if group is None:
+                    group = buckets[b] = ([], [])
+                (group[1] if into else group[0]).append(m)
+            for b, (out, added) in buckets.items():
+                key = f"{base}{b}"
+                if out:
+                    self.call(SREM, key, out)
+                if added:
+                    self.call(SADD, key, added)
+        self._marks = {}
 
     def delete(self, keys: Sequence[str]) -> None:
-        """DEL of many keys."""
+        """DEL of many keys (after the entry-index changes planned before it)."""
+        self._write_marks()
+        self._deletes = True
         for start in range(0, len(keys), MAX_ARGS):
             self._many(DEL, keys[start : start + MAX_ARGS])
 

@@ -470,6 +470,7 @@ class RedisStore(RedisReader, RedisInstances):
             head = ["op", "", "", expected, "applied", ""]
         else:
             head = ["batch", batch.seq, batch.ts, expected, predicted, guard]
+        plan.seal()
         raw = await self._apply_call(plan.keys, head + plan.ops)
         return _Reply(raw[0].decode(), raw[2].decode(), raw[3].decode())
 

@@ -1,6 +1,5 @@
-"""The apply path's wire: removals with their entry-index marks (REMOVE_INDEXED, and
-REMOVE1_INDEXED for single members), the entry index apply.lua buckets
-itself, and DirectScript's auto-pipelining.
+"""The apply path's wire: removals (REMOVE1 for single members), the entry index the plan
+writes per bucket (once per call), and DirectScript's auto-pipelining.
 
 Every index test compares with the memory store through the read side (see
 test_redis_writers.snapshot).
@@ -30,7 +29,7 @@ from kvsi.store.model import (
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys, bucket, member
 from kvsi.store.redis.mirror import Mirror
-from kvsi.store.redis.plan import INDEX_BASE, REMOVE1_INDEXED, REMOVE_INDEXED
+from kvsi.store.redis.plan import DEL, REMOVE1, SADD, SREM, Plan
 from kvsi.store.redis.transport import ClusterDirectScript, DirectScript, _Pipe
 from tests.redis_servers import RedisClusterServers
 from tests.store.conftest import MakeStore
@@ -49,11 +48,80 @@ def test_removals_of_one_member_per_session_go_in_one_op() -> None:
         Batch(1, 2.0, [EntriesRemoved([0, 1, 2, 102, 103])]), ApplyOutcome.APPLIED, "v2", 0.0
     )
     keys = WorkerKeys("p", WORKERS[0])
-    assert plan.ops[:2] == [INDEX_BASE, 0]
-    assert plan.ops[2:6] == [REMOVE_INDEXED, 2, 2, 102]  # s2 loses both of its blocks
-    assert plan.ops[6:11] == [REMOVE1_INDEXED, 3, 0, 1, 103]  # s0, s1, s3 lose one each
-    assert plan.keys[2:4] == [keys.entry_base(0), keys.session(0, "s2")]
-    assert plan.keys[4:7] == [keys.session(0, f"s{i}") for i in (0, 1, 3)]
+    assert plan.ops[:4] == [SREM, 2, 2, 102]  # s2 loses both of its blocks
+    assert plan.ops[4:9] == [REMOVE1, 3, 0, 1, 103]  # s0, s1, s3 lose one each
+    assert plan.keys[2:6] == [keys.session(0, f"s{i}") for i in (2, 0, 1, 3)]
+
+
+def bucket_ops(plan: Plan, base: str) -> list[tuple[str, str, list[object]]]:
+    """(code, key, members) of the plan's writes to the entry-index buckets under `base`, in
+    order (every such op takes one key)."""
+    out: list[tuple[str, str, list[object]]] = []
+    ops, i, k = plan.ops, 0, 2
+    while i < len(ops):
+        code, count = str(ops[i]), int(ops[i + 1])
+        taken = count if code in (DEL, REMOVE1, "u") else 1
+        key = plan.keys[k]
+        if code in (SADD, SREM) and key.startswith(base):
+            out.append((code, key, list(ops[i + 2 : i + 2 + count])))
+        k += taken
+        i += 2 if code in (DEL, "u") else 2 + count
+    return out
+
+
+def test_a_run_writes_each_bucket_once_with_the_last_change_of_each_member() -> None:
+    """Sixteen batches in one call: each touched bucket gets one SREM and one SADD at most,
+    after every other op, holding each member's last change (a block stored then evicted in
+    the run is taken out, one evicted then stored again is put in); a clear writes what
+    came before it first."""
+    keys = WorkerKeys("p", WORKERS[0])
+    mirror = Mirror(keys, "", None, has_status=True)
+    mirror.apply(
+        Batch(0, 0.5, [EntriesStored([5], "GPU", 0, "s0")]), ApplyOutcome.APPLIED, "v", 0.0
+    )
+    run = Plan(keys)  # the worker's index exists now: the run writes only what it changes
+    for seq in range(16):
+        stored = [EntriesStored([1000 * seq + j for j in range(4)], "GPU", 0, f"s{seq % 3}")]
+        gone = [1000 * (seq - 1) + 1] if seq else []
+        run.extend(
+            mirror.apply(
+                Batch(seq, 1.0 + seq, [*stored, EntriesRemoved(gone)]),
+                ApplyOutcome.APPLIED,
+                f"v{seq}",
+                0.0,
+                last=seq == 15,
+            )
+        )
+    run.seal()
+    written = bucket_ops(run, keys.entry_base(0))
+    assert len({(code, key) for code, key, _ in written}) == len(written), "once each"
+    assert {k for k in run.keys[-len(written) :]} == {key for _, key, _ in written}, "last"
+    final: dict[object, bool] = {}
+    for code, key, group in written:
+        assert all(key == f"{keys.entry_base(0)}{bucket(m)}" for m in group)  # type: ignore[arg-type]
+        final.update(dict.fromkeys(group, code == SADD))
+    assert final[1001] is False and final[2000] is True and final[15003] is True
+    assert sum(final.values()) == 16 * 4 - 15
+
+    cleared = Plan(keys)
+    cleared.extend(
+        mirror.apply(
+            Batch(16, 20.0, [EntriesStored([77], "GPU", 0, "s1")]), ApplyOutcome.APPLIED, "v16", 0.0
+        )
+    )
+    cleared.extend(
+        mirror.apply(
+            Batch(17, 21.0, [WorkerCleared(), EntriesStored([78], "GPU", 0, "s1")]),
+            ApplyOutcome.APPLIED,
+            "v17",
+            0.0,
+        )
+    )
+    cleared.seal()
+    codes = [op for op in cleared.ops if op in (SADD, SREM, DEL)]
+    writes = bucket_ops(cleared, keys.entry_base(0))
+    assert [m for _, _, group in writes for m in group] == [77, 78]
+    assert codes.index(DEL) > cleared.ops.index(SADD), "77's bucket written before the clear"
 
 
 EDGES: list[Hash] = [
@@ -64,11 +132,11 @@ EDGES: list[Hash] = [
 """Hashes around the edges of apply.lua's bucket arithmetic: 7-digit tails, the i64 sign."""
 
 
-async def test_apply_lua_buckets_the_entry_index_as_python_does(
+async def test_the_entry_index_is_bucketed_as_readers_look(
     make_store: MakeStore, raw: Any, prefix: str
 ) -> None:
-    """apply.lua works out each member's bucket from its decimal (or digest) form; readers
-    compute it in Python (`bucket`): the two must agree for every hash, or prefix matches
+    """The plan buckets each member (a u64 as a signed i64, a digest behind its mark);
+    readers bucket the hash (`bucket`): the two must agree for every hash, or prefix matches
     miss blocks the worker holds."""
     store = await make_store()
     rng = random.Random(5)
@@ -90,9 +158,9 @@ async def test_apply_lua_buckets_the_entry_index_as_python_does(
 async def test_removals_take_their_members_out_of_the_entry_index(
     make_store: MakeStore, raw: Any, prefix: str
 ) -> None:
-    """Every removal op marks its members out of the index: sessions losing one block each
-    (REMOVE1_INDEXED, one of them a block two sessions hold), a session losing several and
-    blocks of no session (REMOVE_INDEXED)."""
+    """Every removal takes its members out of the index: sessions losing one block each
+    (REMOVE1, one of them a block two sessions hold), a session losing several and blocks
+    of no session."""
     store = await make_store()
     stored = [EntriesStored([10 * i + j for j in range(4)], "GPU", 0, f"s{i}") for i in range(4)]
     stored += [EntriesStored([30], "GPU", 0, "s4"), EntriesStored([100, 101], "GPU", 0, None)]
