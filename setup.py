@@ -2,15 +2,17 @@
 rest of the build.
 
 `KVSI_PURE_PYTHON=1` builds without it (the same code, interpreted). Without a working C
-compiler (or Python's headers) the build falls back to that too, with a warning, so that
-`pip install` works anywhere Python does; `KVSI_REQUIRE_NATIVE=1` makes that an error
-instead (the image and `make native` set it). `kvsi --version`, the `serve.start` log line
-and `kvsi_build_info` say which core an install runs."""
+compiler (or Python's headers) the build falls back to that too, with a warning in the
+build's output (`pip install -v` shows it), so that installing this project needs no
+compiler; `KVSI_REQUIRE_NATIVE=1` makes that an error instead (the image and `make native`
+set it). `kvsi --version`, `kvsi_build_info{core}` and a warning at `kvsi serve`'s start
+say when an install runs the interpreted core."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -23,25 +25,37 @@ NATIVE = [
     "kvsi/store/first_blocks.py",
     "kvsi/store/memory.py",
     "kvsi/store/redis/layout.py",
+    "kvsi/store/redis/plan.py",
     "kvsi/store/redis/mirror.py",
 ]
 """The modules every event runs through once decoded: the index core, the memory store's
-apply with its first-block directory, and the Redis writer's mirror (the mypyc group
-`kvsi.store.native`). The subscriber's own modules stay interpreted: compiled, they moved
-`bench/ingest_e2e.py` by less than its run-to-run spread."""
+apply with its first-block directory, and the Redis writer's mirror and plan (the mypyc
+group `kvsi.store.native`). The subscriber's own modules stay interpreted: compiled, they
+moved `bench/ingest_e2e.py` by less than its run-to-run spread."""
 
-NOT_BUILT = (CCompilerError, ExecError, PlatformError, OSError)
+NOT_BUILT = (CCompilerError, ExecError, PlatformError)
 """What a missing or broken C toolchain raises (CompileError and LinkError are
-CCompilerErrors)."""
+CCompilerErrors; a compiler that cannot be run is an ExecError turned CompileError)."""
 
 
 def flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
-class AllOrNone(build_ext):
+class AllOrNone(build_ext):  # type: ignore[misc]
     """Builds every native module or none: the group's modules import its shared library, so
-    a partial build would not import. A failure leaves the interpreted core in place."""
+    a partial build would not import. A failure leaves the interpreted core in place, in the
+    build and, for an in-place or editable build, in the source tree too."""
+
+    def run(self) -> None:
+        in_place = [self._in_place(ext) for ext in self.extensions] if self.inplace else []
+        try:
+            super().run()
+        except BaseException:
+            _remove(in_place)  # a copy into the tree that failed half-way
+            raise
+        if self.extensions == [] and in_place:
+            _remove(in_place)  # fell back: no older build may stay beside the sources
 
     def build_extensions(self) -> None:
         try:
@@ -49,27 +63,36 @@ class AllOrNone(build_ext):
         except NOT_BUILT as exc:
             if flag("KVSI_REQUIRE_NATIVE"):
                 raise
-            for ext in self.extensions:
-                built = self.get_ext_fullpath(ext.name)
-                if os.path.exists(built):
-                    os.remove(built)
+            _remove([self.get_ext_fullpath(ext.name) for ext in self.extensions])
             self.extensions = []
+            compiler = getattr(self.compiler, "compiler_so", None) or ["the C compiler"]
             print(
-                f"kv-session-index: the native core did not build ({_first_line(exc)}); "
-                "installing the interpreted core (same behaviour, lower ingest rate). Install "
-                "a C compiler and Python's headers for it, or set KVSI_REQUIRE_NATIVE=1 to "
-                "fail here.",
+                f"kv-session-index: the native core did not build ({type(exc).__name__} from "
+                f"{compiler[0]!r}); installing the interpreted core (same behaviour, lower "
+                "ingest rate). Install a C compiler and Python's headers for it, or set "
+                "KVSI_REQUIRE_NATIVE=1 to fail here.",
                 file=sys.stderr,
             )
 
+    def _in_place(self, ext: Any) -> str:
+        """Where an in-place build puts `ext` (setuptools builds in build/, then copies)."""
+        was, self.inplace = self.inplace, True
+        try:
+            return str(self.get_ext_fullpath(ext.name))
+        finally:
+            self.inplace = was
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text if len(text) <= 160 else f"{text[:160]}..."
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def native_modules() -> list[object]:
     if flag("KVSI_PURE_PYTHON"):
+        if flag("KVSI_REQUIRE_NATIVE"):
+            raise SystemExit("kv-session-index: KVSI_PURE_PYTHON and KVSI_REQUIRE_NATIVE both set")
         return []
     from mypyc.build import mypycify
 

@@ -49,7 +49,7 @@ async def main():
     chains = {}
     for s in range(SESSIONS):
         chains[s] = [rng.getrandbits(64) for _ in range(10)]
-        event = EntriesStored(chains[s], "GPU", 0, f"sess-{s}", 16)
+        event = EntriesStored(chains[s], "GPU", 0, f"sess-{s}", block_size=16)
         await store.apply(WorkerKey(f"vllm-{s % WORKERS}", 0), Batch(s // WORKERS, 1.0, [event]))
     app = create_app(store)
     answers = []

@@ -93,6 +93,12 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         ingest=settings.ingest,
         api=settings.api,
     )
+    if build["core"] != "native":
+        log.warning(
+            "serve.interpreted_core",
+            detail="the index core runs interpreted (installed without a C compiler, or with "
+            "KVSI_PURE_PYTHON): the same answers at a lower ingest rate",
+        )
     try:
         store = open_store(settings.store)
     except StoreURLError as exc:

@@ -6,7 +6,7 @@ Imports neither zmq nor fastapi; redis only when a Redis URL is given.
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from kvsi.store.base import IndexStore, ReplicaRoster
 
@@ -90,11 +90,22 @@ def open_roster(url: str) -> ReplicaRoster:
 
 
 def masked(url: str) -> str:
-    """`url` with its password (if any) shown as `***`, for logs and error messages."""
+    """`url` with every secret in it shown as `***`, for logs and error messages: the
+    password of `user:password@`, and the value of a query option whose name says it holds
+    one (`password`, `ssl_password`, a token or secret: redis-py takes them from the URL)."""
     if "://" not in url:
         return url
     split = urlsplit(url)
-    if split.password is None:
-        return url
-    netloc = split.netloc.replace(f":{split.password}@", ":***@", 1)
-    return split._replace(netloc=netloc).geturl()
+    if split.password is not None:
+        split = split._replace(netloc=split.netloc.replace(f":{split.password}@", ":***@", 1))
+    if split.query:
+        options = parse_qsl(split.query, keep_blank_values=True)
+        if any(_secret(name) for name, _ in options):
+            hidden = [(name, "***" if _secret(name) else value) for name, value in options]
+            split = split._replace(query=urlencode(hidden, safe="*"))
+    return split.geturl()
+
+
+def _secret(option: str) -> bool:
+    name = option.lower()
+    return any(word in name for word in ("password", "secret", "token"))

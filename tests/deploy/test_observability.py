@@ -221,6 +221,8 @@ def test_an_ingest_only_process_serves_probes_and_metrics_but_no_api(tmp_path: P
             return len(workers) == 3
 
         wait_until(ingesting, "three workers ingesting", proc)
+        ((build, _),) = samples(get(f"{base}/metrics")[1])["kvsi_build_info"]
+        assert build["core"] == "native", build
         assert get(f"{base}/healthz")[0] == 200
         status, body = get(f"{base}/readyz")
         assert status == 200, body

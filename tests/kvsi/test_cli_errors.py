@@ -65,6 +65,12 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "redis://:***@127.0.0.1:1/?registry_ttl=x': registry_ttl must be a number",
     ),
     (
+        "store-bad-option-query-password-masked",
+        ["serve", "--store", "redis://127.0.0.1:1/?password=hunter2&registry_ttl=x"],
+        {},
+        "redis://127.0.0.1:1/?password=***&registry_ttl=x': registry_ttl must be a number",
+    ),
+    (
         "pod-not-a-url",
         ["serve", "--pod", "a=notaurl"],
         {},
@@ -258,10 +264,21 @@ def assert_one_line(result: subprocess.CompletedProcess[str], says: str) -> None
     assert result.stderr.strip().splitlines()[-1] == lines[0], shown
 
 
-async def test_an_unreachable_redis_is_one_warning_at_start_and_503s_one_line_each() -> None:
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@127.0.0.1:{port}/0", "redis://:***@127.0.0.1"),
+        ("redis://127.0.0.1:{port}/0?password=hunter2", "/0?password=***"),
+    ],
+    ids=["in-the-authority", "in-the-query"],
+)
+async def test_an_unreachable_redis_is_one_warning_at_start_and_503s_one_line_each(
+    url: str, shown: str
+) -> None:
+    """The password never reaches the output (the start line names the store too)."""
     with refusing_port() as closed:
         async with services() as running:
-            service = running.start("kvsi", f"redis://:hunter2@127.0.0.1:{closed}/0", None)
+            service = running.start("kvsi", url.format(port=closed), None)
             base = await service.serving()
             async with httpx.AsyncClient(base_url=base, timeout=10) as client:
                 for _ in range(5):
@@ -271,7 +288,9 @@ async def test_an_unreachable_redis_is_one_warning_at_start_and_503s_one_line_ea
             output = service.output()
     warnings = [line for line in output.splitlines() if "store.unreachable" in line]
     assert len(warnings) == 1, output
-    assert "redis://:***@127.0.0.1" in warnings[0] and "hunter2" not in output, output
+    assert shown in warnings[0] and "hunter2" not in output, output
+    (start,) = [line for line in output.splitlines() if "serve.start" in line]
+    assert shown in start, start
     failures = [line for line in output.splitlines() if "store.call_failed" in line]
     assert 1 <= len(failures) < 5, output
     assert "Traceback" not in output, output

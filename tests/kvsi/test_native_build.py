@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -14,6 +15,7 @@ from kvsi.version import core_build
 from tests.deploy.dockerfile import env_of, stages
 from tests.native import stale_native_modules
 from tests.paths import ROOT
+from tests.ports import free_port
 
 
 def test_the_suite_runs_the_native_core() -> None:
@@ -38,14 +40,20 @@ def test_a_source_newer_than_its_build_is_named(tmp_path: Path) -> None:
     assert stale_native_modules(tmp_path) == ["store/core.py", "store/model.py"]
 
 
+def interpreted_copy(into: Path) -> Path:
+    """The package without its compiled modules, importable from `into`."""
+    shutil.copytree(
+        ROOT / "kvsi",
+        into / "kvsi",
+        ignore=shutil.ignore_patterns(*(f"*{s}" for s in EXTENSION_SUFFIXES), "__pycache__"),
+    )
+    return into
+
+
 def test_the_interpreted_build_answers_as_the_native_one(tmp_path: Path) -> None:
     """`KVSI_PURE_PYTHON=1` ships the same source interpreted: after the same ingest (eviction,
     a restart, shared and sessionless blocks) both builds answer alike, to the byte."""
-    shutil.copytree(
-        ROOT / "kvsi",
-        tmp_path / "kvsi",
-        ignore=shutil.ignore_patterns(*(f"*{s}" for s in EXTENSION_SUFFIXES), "__pycache__"),
-    )
+    interpreted_copy(tmp_path)
     script = str(Path(__file__).with_name("index_digest.py"))
     answers = {}
     for build, path in (("native", ROOT), ("interpreted", tmp_path)):
@@ -115,6 +123,49 @@ def test_without_a_compiler_the_wheel_carries_the_interpreted_core(tmp_path: Pat
         timeout=120,
     )
     assert shown.stdout.strip() == "interpreted", shown.stderr
+
+
+def test_an_in_place_build_without_a_compiler_leaves_no_compiled_module(tmp_path: Path) -> None:
+    """`setup.py build_ext --inplace` (what an editable install runs) falling back removes
+    an older build beside the sources too: Python would import it instead of them."""
+    src = source_copy(tmp_path)
+    stale = src / "store" / f"core{EXTENSION_SUFFIXES[0]}"
+    stale.write_bytes(b"")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSI_")} | {"CC": "false"}
+    done = subprocess.run(
+        [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace", "--force"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "native core did not build (CompileError from 'false')" in done.stderr
+    assert not stale.exists()
+    assert not [p for s in EXTENSION_SUFFIXES for p in (src / "store").rglob(f"*{s}")]
+
+
+def test_serve_warns_at_start_when_the_core_is_interpreted(tmp_path: Path) -> None:
+    env = os.environ | {"PYTHONPATH": str(interpreted_copy(tmp_path)), "KVSI_LOG_FORMAT": "json"}
+    argv = [sys.executable, "-m", "kvsi", "serve", "--no-ingest", "--port", str(free_port())]
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        events = []
+        for line in proc.stdout:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+            if len(events) >= 2 and events[-2]["event"] == "serve.start":
+                break  # the line after the start line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    (start,) = [e for e in events if e["event"] == "serve.start"]
+    assert start["core"] == "interpreted", events
+    assert events[-1]["event"] == "serve.interpreted_core" and events[-1]["level"] == "warning"
 
 
 def test_a_build_that_requires_the_native_core_fails_without_a_compiler(tmp_path: Path) -> None:
