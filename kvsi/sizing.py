@@ -43,11 +43,12 @@ class Measured:
     """Bytes per change-feed record (of 64 residencies); a worker keeps `FEED_LENGTH`.
     redis_memory_shape.py."""
 
-    redis_us_per_batch: float = 142.0
+    redis_us_per_batch: float = 88.0
     """µs of Redis CPU per agentic batch applied one at a time (`agentic x1 g1`: a stream
-    keeping up with its engine). ingest_redis.py, "For the sizing model, the native core"."""
+    keeping up with its engine). ingest_redis.py, "For the sizing model, the bucket
+    writes"."""
 
-    ingest_us_per_batch: float = 188.0
+    ingest_us_per_batch: float = 174.0
     """µs of the ingest process's CPU per agentic batch, same run and line as
     `redis_us_per_batch`."""
 
