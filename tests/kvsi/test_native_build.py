@@ -86,18 +86,19 @@ def source_copy(into: Path) -> Path:
     return src
 
 
-def build_wheel(src: Path, dist: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """`pip wheel` of `src` with this virtualenv's build tools, `env` added to the build's
-    environment (and neither of the build's switches inherited)."""
+def build(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """A build command with `env` added to the environment (and neither of the build's
+    switches inherited)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVSI_")}
-    argv = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation"]
     return subprocess.run(
-        [*argv, "-w", str(dist), str(src)],
-        env=base | env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        argv, cwd=cwd, env=base | env, capture_output=True, text=True, timeout=600
     )
+
+
+def build_wheel(src: Path, dist: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`pip wheel` of `src` with this virtualenv's build tools."""
+    argv = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation"]
+    return build([*argv, "-w", str(dist), str(src)], src, **env)
 
 
 def test_without_a_compiler_the_wheel_carries_the_interpreted_core(tmp_path: Path) -> None:
@@ -131,15 +132,8 @@ def test_an_in_place_build_without_a_compiler_leaves_no_compiled_module(tmp_path
     src = source_copy(tmp_path)
     stale = src / "store" / f"core{EXTENSION_SUFFIXES[0]}"
     stale.write_bytes(b"")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSI_")} | {"CC": "false"}
-    done = subprocess.run(
-        [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace", "--force"],
-        cwd=src,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace", "--force"]
+    done = build(argv, src, CC="false")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "native core did not build (CompileError from 'false')" in done.stderr
     assert not stale.exists()
