@@ -16,14 +16,15 @@ import structlog
 from fastapi import Depends, HTTPException, Request
 
 from kvsi.store.base import IndexReader
-from kvsi.store.model import InvalidCursorError
+from kvsi.store.model import PROGRAMMING_ERRORS, InvalidCursorError
 
 log = structlog.get_logger(__name__)
 
 
 class OutageLog:
     """Store failures as one line each, at most one line per `every` seconds: an outage under
-    load writes a few lines that say how many calls failed, not one traceback per request."""
+    load writes a few lines that say how many calls failed, not one traceback per request (a
+    programming error's line carries its traceback: `store.model.PROGRAMMING_ERRORS`)."""
 
     def __init__(self, every: float = 5.0) -> None:
         self._every = every
@@ -35,11 +36,13 @@ class OutageLog:
         if now < self._next:
             self._held += 1
             return
+        bug = {"exc_info": exc} if isinstance(exc, PROGRAMMING_ERRORS) else {}
         log.error(
             "store.call_failed",
             error=f"{type(exc).__name__}: {exc}",
             store_method=method,
             failed_since_last_line=self._held,
+            **bug,
         )
         self._next = now + self._every
         self._held = 0

@@ -310,6 +310,20 @@ class Page(msgspec.Struct, Generic[T]):
     next_cursor: str | None
 
 
+PROGRAMMING_ERRORS = (
+    TypeError,
+    AttributeError,
+    LookupError,
+    AssertionError,
+    NameError,
+    ArithmeticError,
+)
+"""What no store outage raises: a programming error, in kvsi or about a value it was not
+built for (a compiled module's TypeError, say). The callers that treat a store failure as
+an outage (subscriber/gate.py, api/reader.py) still do, and also log these with their
+traceback, so that a bug is not taken for Redis trouble."""
+
+
 class InvalidCursorError(ValueError):
     """A cursor the store did not hand out (or from another backend)."""
 

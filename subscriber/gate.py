@@ -5,7 +5,11 @@ counts as "unavailable" (a Redis outage surfaces as ConnectionError or TimeoutEr
 calling stream waits here, its inbox keeps buffering (bounded; an overflow becomes a gap
 that replay repairs), /readyz says why, and the call is retried until the store answers.
 IndexLostError is the exception: the store answered that it lost the worker's index, which
-the stream repairs, so it goes straight back to the stream.
+the stream repairs, so it goes straight back to the stream. A programming error
+(`store.model.PROGRAMMING_ERRORS`) is retried alike (nothing is lost meanwhile, and a fixed
+release goes on from the stored fence), but logged once per distinct error as
+`store.call_error` with its traceback, and /readyz says so: a stalled stream is not taken
+for Redis trouble.
 Retrying a write that may have landed is harmless: applies are fenced by seq, status and
 flag writes are idempotent.
 """
@@ -20,7 +24,15 @@ from typing import TypeVar
 import structlog
 
 from kvsi.store.base import IndexStore
-from kvsi.store.model import ApplyOutcome, Batch, Fence, IndexLostError, WorkerKey, WorkerStatus
+from kvsi.store.model import (
+    PROGRAMMING_ERRORS,
+    ApplyOutcome,
+    Batch,
+    Fence,
+    IndexLostError,
+    WorkerKey,
+    WorkerStatus,
+)
 from kvsi.subscriber import metrics
 
 log = structlog.get_logger(__name__)
@@ -42,6 +54,8 @@ class StoreGate:
         self.recovered_at = 0.0
         """time.monotonic() of the end of the last outage: what arrived before it was buffered."""
         self._error = ""
+        self._bug = ""
+        """The last programming error logged, so that a retried one is logged once."""
         metrics.STORE_AVAILABLE.set(1)
 
     @property
@@ -52,8 +66,9 @@ class StoreGate:
         """Why ingest is not ready because of the store ([] while it answers)."""
         if self.down_since is None:
             return []
+        what = "calls failing on a programming error" if self._bug else "unavailable"
         return [
-            f"index store unavailable for {time.time() - self.down_since:.1f}s "
+            f"index store {what} for {time.time() - self.down_since:.1f}s "
             f"({self._error}); ingest is buffering and retrying"
         ]
 
@@ -136,6 +151,11 @@ class StoreGate:
     def _failed(self, operation: str, exc: Exception) -> None:
         metrics.STORE_ERRORS.labels(operation).inc()
         self._error = f"{operation}: {type(exc).__name__}: {exc}"
+        if not isinstance(exc, PROGRAMMING_ERRORS):
+            self._bug = ""
+        elif self._error != self._bug:
+            self._bug = self._error
+            log.error("store.call_error", operation=operation, error=self._error, exc_info=exc)
         if self.down_since is None:
             self.down_since = time.time()
             metrics.STORE_AVAILABLE.set(0)
@@ -146,5 +166,6 @@ class StoreGate:
             return
         log.info("store.available", outage_seconds=round(time.time() - self.down_since, 3))
         self.down_since = None
+        self._bug = ""
         self.recovered_at = time.monotonic()
         metrics.STORE_AVAILABLE.set(1)

@@ -80,6 +80,23 @@ async def test_store_failure_is_503_and_logged(url: str, detail: str) -> None:
     assert "exc_info" not in line, "one line, not a traceback per request"
 
 
+async def test_a_programming_error_in_a_store_read_is_logged_with_its_traceback() -> None:
+    """Still a 503 (the caller retries later, as for an outage), but the line shows the bug:
+    a compiled module's TypeError on a value of the wrong type, say."""
+
+    class Buggy(MemoryStore):
+        async def list_workers(self) -> list[WorkerView]:
+            raise TypeError("list object expected; got tuple")
+
+    with capture_logs() as logged:
+        async with client_over(Buggy()) as client:
+            body = await get_json(client, "/v1/pods", status=503)
+
+    assert body["detail"] == "index store unavailable: TypeError: list object expected; got tuple"
+    [line] = [e for e in logged if e["event"] == "store.call_failed"]
+    assert isinstance(line["exc_info"], TypeError)
+
+
 async def test_an_outage_logs_one_line_for_many_failed_requests() -> None:
     with capture_logs() as logged:
         async with client_over(DownStore()) as client:

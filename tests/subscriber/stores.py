@@ -34,11 +34,16 @@ class RecordingStore:
         self.down = False
         self.refused = 0
         """Calls refused while down."""
+        self.fails_with: Exception | None = None
+        """Raised by every call while set (a programming error, say), counted as refused."""
 
     def _check(self) -> None:
         if self.down:
             self.refused += 1
             raise StoreDownError("index store is down (test)")
+        if self.fails_with is not None:
+            self.refused += 1
+            raise self.fails_with
 
     def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
         call = getattr(self.inner, method)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import structlog
 from prometheus_client import REGISTRY
 
 from kvsi.store.model import Batch, WorkerKey, WorkerState
@@ -40,6 +41,31 @@ async def test_the_gate_waits_out_an_outage_and_reports_it() -> None:
     assert gate.available and gate.reasons() == [] and gate.recovered_at > 0
     assert REGISTRY.get_sample_value("kvsi_store_available") == 1
     assert store.seqs(WORKER) == [0]
+
+
+async def test_a_programming_error_is_said_once_with_its_traceback_not_as_an_outage() -> None:
+    """A store call raising a bug (here a TypeError, as a compiled module does on a value of
+    the wrong type) is retried like an outage, so nothing is lost, but logged once as what it
+    is, with its traceback, and /readyz names it."""
+    store = RecordingStore()
+    gate = StoreGate(store, retry_max_seconds=0.02)
+    store.fails_with = TypeError("list object expected; got tuple")
+
+    async def retried() -> bool:
+        return store.refused >= 4
+
+    with structlog.testing.capture_logs() as logged:
+        pending = asyncio.create_task(gate.apply(WORKER, Batch(0, 1.0, [])))
+        await eventually(retried)
+        (reason,) = gate.reasons()
+        store.fails_with = None
+        await asyncio.wait_for(pending, 2)
+    assert "programming error" in reason and "TypeError: list object expected" in reason
+    errors = [e for e in logged if e["event"] == "store.call_error"]
+    assert len(errors) == 1 and errors[0]["log_level"] == "error", logged
+    assert isinstance(errors[0]["exc_info"], TypeError)
+    assert [e["event"] for e in logged].count("store.unavailable") == 1
+    assert gate.available and store.seqs(WORKER) == [0]
 
 
 async def test_batches_buffered_during_an_outage_apply_in_order_when_it_ends(
