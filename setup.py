@@ -69,7 +69,8 @@ class AllOrNone(build_ext):  # type: ignore[misc]
             print(
                 f"kv-session-index: the native core did not build ({type(exc).__name__} from "
                 f"{compiler[0]!r}); installing the interpreted core (same behaviour, lower "
-                "ingest rate). Install a C compiler and Python's headers for it, or set "
+                "ingest rate). Install a C compiler and Python's headers, then reinstall "
+                "with `pip install --no-cache-dir` (pip keeps this build), or set "
                 "KVSI_REQUIRE_NATIVE=1 to fail here.",
                 file=sys.stderr,
             )

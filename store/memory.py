@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 
 from mypy_extensions import mypyc_attr
@@ -463,10 +463,11 @@ class MemoryStore:
         return page_hashes(hashes, limit, cursor)
 
     async def match_prefix(
-        self, hashes: list[Hash], workers: list[WorkerKey] | None
+        self, hashes: Sequence[Hash], workers: Collection[WorkerKey] | None
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
         """The workers the first-block directory names that hold the first block, within
-        `workers`. O(those x matched x parts), plus O(`workers`) when given."""
+        `workers`. O(those x matched x parts), plus O(`workers`) when given. (Any sequence
+        and collection, as the Redis store takes: compiled, a `list` would refuse a tuple.)"""
         if not hashes:
             return {}
         chosen = None if workers is None else set(workers)
@@ -477,7 +478,7 @@ class MemoryStore:
         }
 
     async def match_tokens(
-        self, tokens_hashes: list[int], workers: list[WorkerKey]
+        self, tokens_hashes: Sequence[int], workers: Iterable[WorkerKey]
     ) -> dict[WorkerKey, list[tuple[str, ...]]]:
         out = {}
         for key in workers:

@@ -40,6 +40,7 @@ async def test_a_walk_follows_the_stores_chain_through_every_medium(store: Index
     assert await store.match_tokens([TOKENS[0], 999, TOKENS[2]], [W]) == {W: [("GPU",)]}
     assert await store.match_tokens(TOKENS[1:], [W]) == {}  # not a prompt's start
     assert await store.match_tokens(TOKENS, [OTHER]) == {}
+    assert await store.match_tokens(tuple(TOKENS), (W,)) == {W: held[W]}  # type: ignore[arg-type]
     edges = await store.token_edges(W)
     assert edges == {
         BIG: (None, TOKENS[0]),

@@ -342,6 +342,8 @@ async def test_prefix_match_is_the_held_run_from_the_first_block(store: IndexSto
     assert only_b == {B: [("GPU",), ("GPU",)]}
     assert await store.match_prefix([2, 3, 9], [A]) == {A: [("CPU", "GPU"), ("GPU",)]}
     assert await store.match_prefix([DIGEST], [A]) == {}
+    # Any sequence of hashes, any collection of workers: the compiled memory store too.
+    assert await store.match_prefix((2, 3, 9), {B}) == only_b  # type: ignore[arg-type]
 
 
 @settings(
