@@ -11,7 +11,8 @@ The entry index (each part's bucket sets, store/README.md) is written here too, 
 SADDs and SREMs of whole buckets: the plan keeps each member's last change per part and
 writes every touched bucket once, when the call is sealed (`seal`, just before it is sent)
 or before a DEL (which may delete buckets). A run of batches in one call thus writes each
-bucket at most twice, whatever its batches store and evict.
+bucket with one SREM and one SADD, whatever its batches store and evict (again after each
+DEL, and in parts of MAX_ARGS members).
 """
 
 from __future__ import annotations

@@ -56,14 +56,19 @@ def test_removals_of_one_member_per_session_go_in_one_op() -> None:
 def bucket_ops(plan: Plan, base: str) -> list[tuple[str, str, list[object]]]:
     """(code, key, members) of the plan's writes to the entry-index buckets under `base`, in
     order (every such op takes one key)."""
-    out: list[tuple[str, str, list[object]]] = []
+    return [(code, key, group) for _, code, key, group in placed_ops(plan, base)]
+
+
+def placed_ops(plan: Plan, base: str) -> list[tuple[int, str, str, list[object]]]:
+    """`bucket_ops` with each op's place in `plan.ops`, and the DELs (key: their first)."""
+    out: list[tuple[int, str, str, list[object]]] = []
     ops, i, k = plan.ops, 0, 2
     while i < len(ops):
         code, count = str(ops[i]), int(ops[i + 1])
         taken = count if code in (DEL, REMOVE1, "u") else 1
         key = plan.keys[k]
-        if code in (SADD, SREM) and key.startswith(base):
-            out.append((code, key, list(ops[i + 2 : i + 2 + count])))
+        if code == DEL or (code in (SADD, SREM) and key.startswith(base)):
+            out.append((i, code, key, list(ops[i + 2 : i + 2 + count]) if code != DEL else []))
         k += taken
         i += 2 if code in (DEL, "u") else 2 + count
     return out
@@ -118,10 +123,24 @@ def test_a_run_writes_each_bucket_once_with_the_last_change_of_each_member() -> 
         )
     )
     cleared.seal()
-    codes = [op for op in cleared.ops if op in (SADD, SREM, DEL)]
-    writes = bucket_ops(cleared, keys.entry_base(0))
-    assert [m for _, _, group in writes for m in group] == [77, 78]
-    assert codes.index(DEL) > cleared.ops.index(SADD), "77's bucket written before the clear"
+    placed = [(code, group) for _, code, _, group in placed_ops(cleared, keys.entry_base(0))]
+    assert placed == [(SADD, [77]), (DEL, []), (SADD, [78])], "77's bucket before the clear"
+
+
+async def test_a_clear_late_in_a_call_leaves_only_what_was_stored_after_it(
+    make_store: MakeStore, raw: Any, prefix: str
+) -> None:
+    """A call of two batches, the second clearing the worker: the blocks the first stored
+    are gone from the entry index (their buckets written before the DEL, not after)."""
+    store = await make_store()
+    await store.apply(WORKERS[0], Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s0")]))
+    run = [
+        Batch(1, 2.0, [EntriesStored([5, 2**64 - 3], "GPU", 0, "s1")]),
+        Batch(2, 3.0, [WorkerCleared(), EntriesStored([6], "GPU", 0, "s1")]),
+    ]
+    await store.apply_many(WORKERS[0], run)
+    keys = WorkerKeys(prefix, WORKERS[0])
+    assert set().union(*(raw.smembers(key) for key in keys.entries(0))) == {b"6"}
 
 
 EDGES: list[Hash] = [
@@ -129,7 +148,8 @@ EDGES: list[Hash] = [
     2**63 + 1, 2**64 - 1, 2**64 - 128, 2**64 - 129, 2**64 - 10_000_000, 2**64 - 12_345_678,
     b"", b"\x00", b"\x7f", b"\x80", b"\xff" * 32, bytes(range(16)),
 ]  # fmt: skip
-"""Hashes around the edges of apply.lua's bucket arithmetic: 7-digit tails, the i64 sign."""
+"""Hashes around the edges of the buckets' arithmetic (the old apply.lua's: 7-digit tails; a
+member's: the i64 sign, digests)."""
 
 
 async def test_the_entry_index_is_bucketed_as_readers_look(
