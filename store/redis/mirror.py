@@ -246,9 +246,7 @@ class Mirror:
             self._link_in(plan, event)
         if res is None:
             if added:
-                orphans = members(added)
-                plan.call(SADD, part.orphans_key, orphans)
-                plan.index(part.entry_base, orphans, into=True)
+                plan.set_indexed(part.orphans_key, part.entry_base, members(added), into=True)
             return
         if res.last_store == ts:
             res.last_store_text = text
@@ -296,9 +294,7 @@ class Mirror:
         base = part.entry_base
         orphans = out.orphans()
         if orphans:
-            gone = members(orphans)
-            plan.call(SREM, part.orphans_key, gone)
-            plan.index(base, gone, into=False)
+            plan.set_indexed(part.orphans_key, base, members(orphans), into=False)
         sessions = out.sessions()
         if not sessions:
             return
@@ -313,9 +309,7 @@ class Mirror:
                 single_keys.append(key)
                 singles.append(group[0])
             else:
-                lost = members(group)
-                plan.call(SREM, key, lost)
-                plan.index(base, lost, into=False)
+                plan.set_indexed(key, base, members(group), into=False)
             touched[sid] = res
         if singles:
             lost = members(singles)

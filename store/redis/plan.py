@@ -100,6 +100,12 @@ class Plan:
         for m in members:
             marks[m] = into
 
+    def set_indexed(self, key: str, base: str, members: Sequence[Member], *, into: bool) -> None:
+        """`members` into (SADD) or out of (SREM) the set `key` and, the same way, the entry
+        index of the part `base` names: the orphan and holder sets' changes, indexed."""
+        self.call(SADD if into else SREM, key, members)
+        self.index(base, members, into=into)
+
     def remove1(self, keys: Sequence[str], members: Sequence[Arg]) -> None:
         """REMOVE1: one member out of each of `keys`, two args per key, not four (apply.lua
         runs them one by one, no `unpack`: any count fits in one op)."""
