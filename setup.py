@@ -26,6 +26,7 @@ NATIVE = [
     "kvsi/store/memory.py",
     "kvsi/store/redis/layout.py",
     "kvsi/store/redis/plan.py",
+    "kvsi/store/redis/resp.py",
     "kvsi/store/redis/mirror.py",
 ]
 """The modules every event runs through once decoded: the index core, the memory store's

@@ -37,6 +37,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from kvsi.store.redis.resp import pack_evalsha
+
 C = TypeVar("C", bound=AbstractConnection)
 T = TypeVar("T")
 
@@ -118,7 +120,7 @@ class _Asyncio(types.ModuleType):
 
 
 class DirectScript:
-    """EVALSHA of `script` on a standalone server, packed by hiredis, auto-pipelined.
+    """EVALSHA of `script` on a standalone server, packed by `resp.pack_evalsha`, auto-pipelined.
 
     Does what redis-py's AsyncScript does (load the script again after NOSCRIPT) without the
     command layer. Calls from concurrent writers (one per worker: each worker's calls are
@@ -151,7 +153,7 @@ class DirectScript:
             return await self._once(keys, args)
 
     async def _once(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        packed = hiredis.pack_command(("EVALSHA", self._script.sha, len(keys), *keys, *args))
+        packed = pack_evalsha(self._script.sha, keys, args)
         pipe = self._pipe
         if pipe is None or pipe.dead:
             pipe = await self._connect()
@@ -187,7 +189,7 @@ goes again through redis-py, which loads the script or follows the cluster."""
 
 class ClusterDirectScript:
     """EVALSHA of `script` on a Redis Cluster, sent straight to the node that serves its first
-    key's slot: packed by hiredis and auto-pipelined per node (one `_Pipe` each, as
+    key's slot: packed by `resp.pack_evalsha` and auto-pipelined per node (one `_Pipe` each, as
     `DirectScript`), instead of redis-py's cluster command layer and one socket write per call.
 
     Every key of one call is one worker's (one hash slot). What the direct path does not
@@ -223,7 +225,7 @@ class ClusterDirectScript:
         try:
             if pipe is None or pipe.dead:
                 pipe = await self._connect(node)
-            packed = hiredis.pack_command(("EVALSHA", self._script.sha, len(keys), *keys, *args))
+            packed = pack_evalsha(self._script.sha, keys, args)
             return await pipe.call(packed)
         except _REDIRECTED:
             return await self._script(keys=keys, args=args)
