@@ -96,18 +96,19 @@ async def publish_apart(saved: Path) -> None:
 
 async def recover(
     store: IndexStore, spec: PublisherSpec, batches: int, deadline: float
-) -> float | str:
-    """Seconds from the stream's start to the last buffered batch applied; or, when that
-    takes over `deadline` seconds (a replay that failed), what was applied by then."""
+) -> tuple[float, float] | str:
+    """Seconds from the stream's start to the last buffered batch applied, and this
+    process's CPU seconds meanwhile; or, when that takes over `deadline` seconds (a replay
+    that failed), what was applied by then."""
     pool = StreamPool([spec], store)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await pool.start()
     try:
         last = batches - 1
         while True:
             fence = await store.fence(WORKER)
             if fence is not None and fence.seq == last:
-                return time.perf_counter() - started
+                return time.perf_counter() - started, time.process_time() - cpu
             if time.perf_counter() - started > deadline:
                 at = "nothing" if fence is None else f"seq {fence.seq}"
                 return f"incomplete after {deadline:g} s: {at} applied of 0-{last}"
@@ -164,8 +165,8 @@ async def run_store(
         if isinstance(took, str):
             print(f"{name:<7} {took}", flush=True)
             continue
-        seconds.append(took)
-        line = f"{name:<7} {took:7.2f} s"
+        seconds.append(took[0])
+        line = f"{name:<7} {took[0]:7.2f} s  client cpu {took[1]:5.2f} s"
         if ports:
             cpu, evalsha, calls = _server_stats(ports)
             line += (
