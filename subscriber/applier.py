@@ -30,7 +30,7 @@ from kvsi.subscriber import metrics
 from kvsi.subscriber.decode import Decoded, ingest_decoder
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.framing import parse_live
-from kvsi.subscriber.gate import StoreGate
+from kvsi.subscriber.gate import StoreGate, UnappliableError
 from kvsi.subscriber.health import WorkerHealth
 from kvsi.subscriber.order import (
     LOST_INDEX,
@@ -257,6 +257,8 @@ class Applier:
         except IndexLostError as exc:
             await self._index_lost(str(exc))
             return False
+        except UnappliableError as exc:
+            return await self._unappliable(run, mode, exc)
         metrics.APPLY_SECONDS.observe(time.perf_counter() - started)
         if mode is not Mode.REPLAY:
             _observe_delay(run)
@@ -276,6 +278,23 @@ class Applier:
         self._applied_any = True
         if mode is Mode.REPLAY:
             counters.batches_replayed += len(run)
+        return True
+
+    async def _unappliable(self, run: list[Batch], mode: Mode, exc: UnappliableError) -> bool:
+        """The store raised one programming error on every try of `run`: a run goes again
+        batch by batch (what landed of it comes back a duplicate), so that only a batch that
+        raises alone is given up. That one is counted (`apply_error`) and lost as a gap
+        replay cannot fill is: DEGRADED, what it may have removed flagged unconfirmed; the
+        stream goes on with the next."""
+        if len(run) > 1:
+            for batch in run:
+                if not await self._apply([batch], mode):
+                    return False
+            return True
+        seq = run[0].seq
+        self.drop(DropReason.APPLY_ERROR)
+        self.log.error("stream.batch_unappliable", seq=seq, error=str(exc), exc_info=exc.__cause__)
+        await self._lose(self.order.not_stored(seq, str(exc)))
         return True
 
     def _count_gap(self, gap: Gap, mode: Mode) -> None:

@@ -29,6 +29,9 @@ class DropReason(enum.StrEnum):
     """An event tag this version does not know: that event is skipped."""
     MALFORMED_EVENT = "malformed_event"
     """A known event with missing or mistyped fields: that event is skipped."""
+    APPLY_ERROR = "apply_error"
+    """A batch the store raised the same programming error on, every try (subscriber/gate.py
+    `UNAPPLIABLE_AFTER`): the batch is skipped and lost (the worker DEGRADED)."""
 
 
 MESSAGE_REASONS = frozenset(
@@ -39,6 +42,7 @@ MESSAGE_REASONS = frozenset(
         DropReason.NOT_MSGPACK,
         DropReason.MALFORMED_BATCH,
         DropReason.RANK_MISMATCH,
+        DropReason.APPLY_ERROR,
     }
 )
 """Reasons that skip a whole message (the others skip one event of a batch that applies)."""

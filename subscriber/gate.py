@@ -6,10 +6,12 @@ calling stream waits here, its inbox keeps buffering (bounded; an overflow becom
 that replay repairs), /readyz says why, and the call is retried until the store answers.
 IndexLostError is the exception: the store answered that it lost the worker's index, which
 the stream repairs, so it goes straight back to the stream. A programming error
-(`store.model.PROGRAMMING_ERRORS`) is retried alike (nothing is lost meanwhile, and a fixed
-release goes on from the stored fence), but logged once per distinct error as
+(`store.model.PROGRAMMING_ERRORS`) is retried alike, but logged once per distinct error as
 `store.call_error` with its traceback, and /readyz says so: a stalled stream is not taken
-for Redis trouble.
+for Redis trouble. An apply that raises the same programming error `UNAPPLIABLE_AFTER` times
+in a row is given up (`UnappliableError`): a batch the store cannot take would otherwise
+hold its worker's index still for good, over-reporting what the engine evicts since; the
+stream loses that batch instead, as it loses one that cannot be read.
 Retrying a write that may have landed is harmless: applies are fenced by seq, status and
 flag writes are idempotent.
 """
@@ -41,6 +43,15 @@ T = TypeVar("T")
 
 FIRST_RETRY_SECONDS = 0.05
 """First pause after a failed call; doubled per failure up to the gate's maximum."""
+
+UNAPPLIABLE_AFTER = 5
+"""Tries of an apply raising the same programming error before it is given up (the pauses
+between them about 0.75 s in all): enough to outlast a race, far below what a publisher
+buffers."""
+
+
+class UnappliableError(Exception):
+    """An apply raised the same programming error on every try; its `__cause__` is the last."""
 
 
 class StoreGate:
@@ -81,7 +92,9 @@ class StoreGate:
         except IndexLostError:
             raise
         except Exception as exc:  # any failure means unavailable; see the module docstring
-            return await self._retry("apply", exc, lambda: self.store.apply(worker, batch, expect))
+            return await self._retry(
+                "apply", exc, lambda: self.store.apply(worker, batch, expect), UNAPPLIABLE_AFTER
+            )
         if self.down_since is not None:
             self._recovered()
         return outcome
@@ -90,7 +103,9 @@ class StoreGate:
         self, worker: WorkerKey, batches: Sequence[Batch], expect: Fence | None = None
     ) -> list[ApplyOutcome]:
         """`IndexStore.apply_many`, retried until it lands (fenced: a retry is harmless)."""
-        return await self._call("apply", lambda: self.store.apply_many(worker, batches, expect))
+        return await self._call(
+            "apply", lambda: self.store.apply_many(worker, batches, expect), UNAPPLIABLE_AFTER
+        )
 
     async def fence(self, worker: WorkerKey) -> Fence | None:
         return await self._call("fence", lambda: self.store.fence(worker))
@@ -120,21 +135,38 @@ class StoreGate:
     async def release(self, worker: WorkerKey) -> None:
         await self._call("release", lambda: self.store.release(worker))
 
-    async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(
+        self, operation: str, call: Callable[[], Awaitable[T]], give_up: int | None = None
+    ) -> T:
         try:
             result = await call()
         except IndexLostError:
             raise
         except Exception as exc:  # any failure means unavailable; see the module docstring
-            return await self._retry(operation, exc, call)
+            return await self._retry(operation, exc, call, give_up)
         if self.down_since is not None:
             self._recovered()
         return result
 
-    async def _retry(self, operation: str, exc: Exception, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retry(
+        self,
+        operation: str,
+        exc: Exception,
+        call: Callable[[], Awaitable[T]],
+        give_up: int | None = None,
+    ) -> T:
+        """`call` again until it answers; raises UnappliableError once it raised the same
+        programming error `give_up` times in a row (None: never)."""
         pause = FIRST_RETRY_SECONDS
+        same = 0
+        last = ""
         while True:
             self._failed(operation, exc)
+            same = same + 1 if self._error == last else 1
+            last = self._error
+            if give_up is not None and same >= give_up and isinstance(exc, PROGRAMMING_ERRORS):
+                self._recovered()  # the store answers: it is this call that cannot land
+                raise UnappliableError(f"{same} tries: {self._error}") from exc
             await asyncio.sleep(pause)
             pause = min(pause * 2, self._retry_max)
             try:

@@ -226,6 +226,13 @@ class StreamOrder:
 
     # -- what the store did -------------------------------------------------------------------
 
+    def not_stored(self, seq: int, why: str) -> Loss:
+        """A batch decided and placed, then given up: the store raised on every try. It is
+        consumed as an unusable one is (the fence already stands after it, `stored` stays
+        where the store's is) and lost, with what it may have removed flagged."""
+        self.applied = seq
+        return Loss(1, f"batch seq {seq} could not be applied ({why})", True)
+
     def stored_outcome(self, outcome: ApplyOutcome, seq: int, ts: float) -> bool:
         """Move `stored` as the store's own outcome moved its fence; True: read the store's
         fence instead (no bound yet: nothing was stored when the stream started).

@@ -36,6 +36,9 @@ class RecordingStore:
         """Calls refused while down."""
         self.fails_with: Exception | None = None
         """Raised by every call while set (a programming error, say), counted as refused."""
+        self.poisoned: dict[int, Exception] = {}
+        """Seqs whose apply always raises the given error (a batch the store cannot take),
+        before anything of it is applied; counted as refused."""
 
     def _check(self) -> None:
         if self.down:
@@ -74,6 +77,9 @@ class RecordingStore:
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
     ) -> ApplyOutcome:
         self._check()
+        if batch.seq in self.poisoned:
+            self.refused += 1
+            raise self.poisoned[batch.seq]
         if self.delay:
             await asyncio.sleep(self.delay)
         outcome = await self.inner.apply(worker, batch, expect)

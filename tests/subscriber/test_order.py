@@ -280,6 +280,18 @@ def test_stored_outcome_moves_the_lower_bound_of_the_stores_fence(
     assert order.applied == 11
 
 
+def test_a_batch_the_store_cannot_take_is_consumed_and_lost_leaving_the_stores_fence() -> None:
+    order = StreamOrder()
+    order.load(AT_10)
+    assert order.place(11, 120.0, LIVE) == APPLY
+    assert order.not_stored(11, "TypeError: bad") == Loss(
+        1, "batch seq 11 could not be applied (TypeError: bad)", True
+    )
+    assert order.applied == 11 and order.fence == Fence(11, 100.0, 120.0)
+    assert order.stored == AT_10, "the store's fence did not move"
+    assert order.place(12, 121.0, LIVE) == APPLY, "the next batch follows: no gap, no replay"
+
+
 AUDIT = {
     "nothing seen stored: nothing to lose": (None, None, False),
     "the store holds no fence any more": (AT_10, None, True),

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from kvsi.store.model import Batch, WorkerKey, WorkerState
-from kvsi.subscriber.gate import StoreGate
+from kvsi.store.model import ApplyOutcome, Batch, WorkerKey, WorkerState
+from kvsi.subscriber.drops import DropReason
+from kvsi.subscriber.gate import UNAPPLIABLE_AFTER, StoreGate, UnappliableError
 from tests.subscriber.conftest import FAST, RigFactory
-from tests.subscriber.peers import payload, stored
+from tests.subscriber.peers import payload, running, stored
 from tests.subscriber.stores import RecordingStore
 from tests.waiting import eventually
 
@@ -118,3 +120,74 @@ async def test_an_outage_longer_than_the_buffer_is_repaired_by_replay(rig: RigFa
     assert mark.state is WorkerState.DEGRADED, "marked before the repair ran"
     await r.state(WorkerState.LIVE)
     assert r.stream.readiness_reasons() == []
+
+
+async def test_an_apply_raising_one_programming_error_every_try_is_given_up() -> None:
+    store = RecordingStore()
+    gate = StoreGate(store, retry_max_seconds=0.02)
+    store.fails_with = TypeError("list object expected; got tuple")
+    with (
+        structlog.testing.capture_logs() as logged,
+        pytest.raises(UnappliableError, match="5 tries: apply: TypeError") as raised,
+    ):
+        await asyncio.wait_for(gate.apply(WORKER, Batch(0, 1.0, [])), 5)
+    assert isinstance(raised.value.__cause__, TypeError)
+    assert store.refused == UNAPPLIABLE_AFTER == 5
+    assert gate.available and gate.reasons() == []
+    assert [e["event"] for e in logged].count("store.call_error") == 1
+
+
+async def test_an_outage_or_a_changing_error_is_never_given_up() -> None:
+    """Only the same programming error every time gives an apply up: an outage (the store
+    down) or errors that differ keep it waiting, however long."""
+    store = RecordingStore()
+    gate = StoreGate(store, retry_max_seconds=0.01)
+    store.down = True
+    pending = asyncio.create_task(gate.apply(WORKER, Batch(0, 1.0, [])))
+
+    async def refused(n: int) -> bool:
+        return store.refused >= n
+
+    await eventually(lambda: refused(3 * UNAPPLIABLE_AFTER))
+    store.down = False
+    for i in range(3 * UNAPPLIABLE_AFTER):
+        store.fails_with = TypeError(f"error {i % 2}")
+        await eventually(lambda n=store.refused + 1: refused(n))
+    store.fails_with = None
+    await asyncio.wait_for(pending, 2)
+    assert store.seqs(WORKER) == [0]
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["live", "replayed run"])
+async def test_a_batch_the_store_cannot_take_is_lost_and_the_stream_goes_on(
+    rig: RigFactory, late: bool
+) -> None:
+    """Seq 3 raises the same TypeError on every try: it is counted and lost (DEGRADED, the
+    stale policy flagging what it may have removed), every other batch applies, in order;
+    replayed, the run it came in goes again batch by batch."""
+    store = RecordingStore()
+    store.poisoned[3] = TypeError("unhashable type: 'list'")
+    r = await rig(store=store, options=OUTAGE, start=not late)
+    with structlog.testing.capture_logs() as logged:
+        if late:
+            for i in range(7):
+                await r.publisher.send(payload([stored([i])]), deliver=False)
+            async with running(r.stream):
+                await r.applied_through(6)
+                await r.state(WorkerState.DEGRADED)
+        else:
+            for i in range(7):
+                await r.publisher.send(payload([stored([i])]))
+            await r.applied_through(6)
+            await r.state(WorkerState.DEGRADED)
+    applied = [seq for _, seq, outcome in store.applied if outcome is ApplyOutcome.APPLIED]
+    assert applied == [0, 1, 2, 4, 5, 6], "a run's retries find what landed a duplicate"
+    assert r.stream.counters.drops == {DropReason.APPLY_ERROR: 1}
+    status = (await r.view()).status
+    assert status.batches_lost == 1
+    assert "batch seq 3 could not be applied" in status.detail
+    assert "TypeError: unhashable type" in status.detail
+    (line,) = [e for e in logged if e["event"] == "stream.batch_unappliable"]
+    assert line["seq"] == 3 and isinstance(line["exc_info"], TypeError)
+    if late:
+        assert [0, 1, 2, 3, 4, 5, 6] in store.runs, "the replay stored them as one run first"
