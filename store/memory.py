@@ -32,6 +32,7 @@ from kvsi.store.model import (
     SessionOnWorker,
     SessionSummary,
     SessionView,
+    StoreEvent,
     WorkerCleared,
     WorkerKey,
     WorkerLosses,
@@ -170,12 +171,25 @@ class MemoryStore:
         if outcome is ApplyOutcome.DUPLICATE or outcome is ApplyOutcome.PREVIOUS_ENGINE:
             return outcome
         index.begin()
-        if outcome is ApplyOutcome.RESTARTED:
-            index.clear()
-        ts = batch.ts
+        try:
+            if outcome is ApplyOutcome.RESTARTED:
+                index.clear()
+            self._apply_events(w, batch.events, batch.ts)
+        except BaseException:
+            # What it changed before raising is fed all the same: the feed's readers follow
+            # the index (ingest gives such a batch up and goes on with the next).
+            self._publish(w, batch.ts, losses=True)
+            raise
+        index.fence = advance(index.fence, outcome, batch.seq, batch.ts)
+        w.last_event_at = time.time()
+        self._publish(w, batch.ts, losses=True)
+        return outcome
+
+    def _apply_events(self, w: _Worker, events: list[StoreEvent], ts: float) -> None:
+        index = w.index
         note_first = self._firsts.note
         key = w.key
-        for event in merged_removals(batch.events):
+        for event in merged_removals(events):
             if isinstance(event, EntriesStored):
                 index.store(event, ts)
                 if event.tokens_hashes:
@@ -190,10 +204,6 @@ class MemoryStore:
                     index.remove(part, event.block_hashes, lost=True)
             elif isinstance(event, WorkerCleared):
                 index.clear()
-        index.fence = advance(index.fence, outcome, batch.seq, ts)
-        w.last_event_at = time.time()
-        self._publish(w, ts, losses=True)
-        return outcome
 
     def _publish(self, w: _Worker, ts: float, *, losses: bool) -> None:
         """The change feed's record of the write just applied to `w`, if it changed a

@@ -317,11 +317,13 @@ PROGRAMMING_ERRORS = (
     AssertionError,
     NameError,
     ArithmeticError,
+    UnicodeError,
 )
 """What no store outage raises: a programming error, in kvsi or about a value it was not
-built for (a compiled module's TypeError, say). The callers that treat a store failure as
-an outage (subscriber/gate.py, api/reader.py) still do, and also log these with their
-traceback, so that a bug is not taken for Redis trouble."""
+built for (a compiled module's TypeError, say, or a str that cannot be encoded). The
+callers that treat a store failure as an outage (subscriber/gate.py, api/reader.py) still
+do, and also log these with their traceback, so that a bug is not taken for Redis
+trouble."""
 
 
 class InvalidCursorError(ValueError):

@@ -114,6 +114,8 @@ class Applier:
         self._applied_any = False
         self._drop_logged: dict[DropReason, float] = {}
         self._replayed: list[Batch] = []
+        self._given_up: int | None = None
+        """The seq of the last batch given up (`_unappliable`): lost, not stored."""
         """Replayed batches that follow the fence, held to be stored as one run."""
 
     async def on_live(self, messages: list[list[bytes]]) -> None:
@@ -217,9 +219,10 @@ class Applier:
             self._count_gap(decision.gap, mode)
         if decision.lost_before is not None:
             await self._lose(decision.lost_before)
+        self._given_up = None
         if not await self._store([Batch(seq, decoded.ts, decoded.events)], mode):
             return False  # a replay stops; the rebuild replays from seq 0
-        if decision.outcome is ApplyOutcome.RESTARTED:
+        if decision.outcome is ApplyOutcome.RESTARTED and self._given_up != seq:
             # The store emptied the worker first: not a gap, and nothing stale is left.
             self.counters.restarts += 1
             self.log.warning("stream.engine_restart", seq=seq, ts=decoded.ts)
@@ -291,7 +294,7 @@ class Applier:
                 if not await self._apply([batch], mode):
                     return False
             return True
-        seq = run[0].seq
+        seq = self._given_up = run[0].seq
         self.drop(DropReason.APPLY_ERROR)
         self.log.error("stream.batch_unappliable", seq=seq, error=str(exc), exc_info=exc.__cause__)
         await self._lose(self.order.not_stored(seq, str(exc)))

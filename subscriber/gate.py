@@ -165,7 +165,8 @@ class StoreGate:
             same = same + 1 if self._error == last else 1
             last = self._error
             if give_up is not None and same >= give_up and isinstance(exc, PROGRAMMING_ERRORS):
-                self._recovered()  # the store answers: it is this call that cannot land
+                # The gate stays as it is: the next call that lands says the store is back
+                # (another stream may be waiting out a real outage meanwhile).
                 raise UnappliableError(f"{same} tries: {self._error}") from exc
             await asyncio.sleep(pause)
             pause = min(pause * 2, self._retry_max)

@@ -22,8 +22,9 @@ _HEADS: Final = [f"${n}" for n in range(128)]
 _CRLF: Final = "\r\n"
 
 
-class _NotAsciiError(Exception):
-    """A str argument with non-ASCII characters: its length in bytes is not its length."""
+class _IrregularError(Exception):
+    """A str argument with non-ASCII characters (its length in bytes is not its length), or
+    a float subclass (rendered by its own repr): packed the plain way."""
 
 
 def pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
@@ -36,7 +37,7 @@ def pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
         packer.add(keys)
         packer.add(args)
         return packer.done()
-    except _NotAsciiError:
+    except _IrregularError:
         return _pack_each(count, (("EVALSHA", sha, len(keys)), keys, args))
 
 
@@ -62,10 +63,12 @@ class _Packer:
                 self._raw(a)
                 parts = self._parts
                 continue
-            elif isinstance(a, float):
+            elif type(a) is float:
                 s = self._float(a)
             elif type(a) is int:
                 s = str(a)
+            elif isinstance(a, float):
+                raise _IrregularError
             else:
                 raise TypeError(f"a RESP argument must be str, int, float or bytes, not {a!r}")
             n = len(s)
@@ -93,7 +96,7 @@ class _Packer:
         text = _CRLF.join(self._parts)
         data = text.encode()
         if len(data) != len(text):
-            raise _NotAsciiError
+            raise _IrregularError
         self._out += data
 
     def done(self) -> bytes:
@@ -103,7 +106,8 @@ class _Packer:
 
 
 def _pack_each(count: int, groups: Sequence[Sequence[object]]) -> bytes:
-    """The plain form, one argument at a time (a non-ASCII str among them)."""
+    """The plain form, one argument at a time (a non-ASCII str or a float subclass among
+    them). `a` is never narrowed to a float here: compiled, that would drop a subclass."""
     out = bytearray(f"*{count}\r\n".encode())
     for args in groups:
         for a in args:

@@ -171,3 +171,22 @@ async def test_a_slow_subscriber_overflows_and_never_blocks_the_writer() -> None
             await slow.next()
             received += 1
     assert received == 4
+
+
+async def test_a_batch_that_raises_part_way_feeds_what_it_changed() -> None:
+    """Ingest gives up a batch the store raises on (subscriber/gate.py): what the batch
+    changed before it raised is in the feed, as in the index, and its fence did not move."""
+    store = MemoryStore()
+    hub = await store.change_feed()
+    watcher = hub.subscribe(after=None)
+    broken = EntriesStored(None, "GPU", 0, "s2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await store.apply(A, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s1"), broken]))
+    assert not watcher.queue.empty(), "what the batch changed is in the feed"
+    entry = await watcher.next()
+    assert isinstance(entry.change, ResidencyChange)
+    assert (entry.change.session_id, entry.change.added, entry.change.blocks) == ("s1", 2, 2)
+    assert watcher.queue.empty()
+    assert await store.fence(A) is None
+    view = await store.get_session("s1")
+    assert view is not None and view.total_blocks == 2

@@ -63,6 +63,18 @@ class Code(enum.IntEnum):
     ONE = 1
 
 
+class Score(float):
+    def __repr__(self) -> str:
+        return "7.5e0"
+
+
+@pytest.mark.parametrize(
+    "args", [[Score(7.5)], [1000.0, Score(1000.0), 1000.0], ["é", Score(2.0)]], ids=repr
+)
+def test_a_float_subclass_is_packed_by_its_own_repr_as_hiredis(args: list[Arg]) -> None:
+    assert pack_evalsha(SHA, [], args) == hiredis_packed([], args)
+
+
 @pytest.mark.parametrize("bad", [True, Code.ONE, None, [1], bytearray(b"x")])
 def test_refuses_what_hiredis_refuses(bad: Any) -> None:
     with pytest.raises(TypeError):

@@ -7,13 +7,14 @@ itself never fails.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from kvsi.store.model import ApplyOutcome, Batch, WorkerKey, WorkerState
+from kvsi.store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerState
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.gate import UNAPPLIABLE_AFTER, StoreGate, UnappliableError
 from tests.subscriber.conftest import FAST, RigFactory
@@ -133,8 +134,12 @@ async def test_an_apply_raising_one_programming_error_every_try_is_given_up() ->
         await asyncio.wait_for(gate.apply(WORKER, Batch(0, 1.0, [])), 5)
     assert isinstance(raised.value.__cause__, TypeError)
     assert store.refused == UNAPPLIABLE_AFTER == 5
-    assert gate.available and gate.reasons() == []
     assert [e["event"] for e in logged].count("store.call_error") == 1
+    (reason,) = gate.reasons()
+    assert "programming error" in reason, "said until a call lands again"
+    store.fails_with = None
+    await gate.apply(WORKER, Batch(1, 1.0, []))
+    assert gate.available and gate.reasons() == []
 
 
 async def test_an_outage_or_a_changing_error_is_never_given_up() -> None:
@@ -191,3 +196,51 @@ async def test_a_batch_the_store_cannot_take_is_lost_and_the_stream_goes_on(
     assert line["seq"] == 3 and isinstance(line["exc_info"], TypeError)
     if late:
         assert [0, 1, 2, 3, 4, 5, 6] in store.runs, "the replay stored them as one run first"
+
+
+async def test_giving_up_leaves_another_streams_outage_reported() -> None:
+    """pod-a's batch raises a bug, planned before any I/O, while pod-b waits out a real
+    outage: pod-a's is given up, and the gate still says the store is down."""
+
+    class Store(RecordingStore):
+        async def apply(
+            self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
+        ) -> ApplyOutcome:
+            raise TypeError("poison") if worker.pod == "pod-a" else ConnectionError("down")
+
+    gate = StoreGate(Store(), retry_max_seconds=0.02)
+    waiting = asyncio.create_task(gate.apply(WorkerKey("pod-b", 0), Batch(0, 1.0, [])))
+    try:
+        with pytest.raises(UnappliableError):
+            await gate.apply(WORKER, Batch(7, 1.0, []))
+        assert not gate.available
+        assert any("index store" in reason for reason in gate.reasons())
+        assert REGISTRY.get_sample_value("kvsi_store_available") == 0
+    finally:
+        waiting.cancel()
+
+
+async def test_a_restart_batch_given_up_is_lost_not_a_clean_restart(rig: RigFactory) -> None:
+    """A new engine's seq 0 that the store cannot take: the worker stays DEGRADED (what the
+    old engine held is flagged, never shown exact), and no restart is counted."""
+    store = RecordingStore()
+    r = await rig(store=store, options=OUTAGE)
+    now = time.time()
+    for i in range(3):
+        await r.publisher.send(payload([stored([100 + i])], ts=now + i))
+    await r.applied_through(2)
+    store.poisoned[0] = TypeError("bad restart batch")
+    r.publisher.sent.clear()  # a new engine: empty replay buffer, seq from 0, later clock
+    r.publisher.seq = 0
+    await r.publisher.send(payload([stored([1])], ts=now + 100))
+
+    async def given_up() -> bool:
+        return r.stream.counters.drops.get(DropReason.APPLY_ERROR) == 1
+
+    await eventually(given_up)
+    await r.state(WorkerState.DEGRADED)
+    await r.publisher.send(payload([stored([2])], ts=now + 101))
+    await r.applied_through(1)
+    status = (await r.view()).status
+    assert status.state is WorkerState.DEGRADED and status.batches_lost == 1
+    assert r.stream.counters.restarts == 0
