@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -55,6 +56,10 @@ TOKENS = list(range(BLOCKS_PER_STORE * 16))
 the ingest decoder."""
 PACE_SECONDS = 0.005
 """The publishers send what is due every this often: 4 batches a time at 50,000/s."""
+QUOTA_PERIOD_US = 2_000
+"""The CFS period of `--cpu-quota`: the service runs at most its share of each 2 ms, so a
+throttle adds at most ~1 ms to a request's wait at half a core (below half, the period
+grows: Linux's least quota is 1 ms)."""
 BUILD_SECONDS = 600
 """Longest wait for the service to build the index by replay (or to settle after a point)
 before the run is abandoned."""
@@ -344,18 +349,49 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def cpu_quota(fraction: float | None) -> Iterator[Path | None]:
+    """A CPU cgroup limited to `fraction` of one core in periods of QUOTA_PERIOD_US (cgroup
+    v2's `cpu.max`, else v1's `cpu` hierarchy; root only); yields its `cgroup.procs` (None
+    without a fraction), removes it after. For a service that computes on one thread, a
+    core at that fraction of its speed."""
+    if fraction is None:
+        yield None
+        return
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    unified = v2.exists() and "cpu" in v2.read_text().split()
+    root = Path("/sys/fs/cgroup" if unified else "/sys/fs/cgroup/cpu")
+    group = root / f"kvsi-bench-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        period = max(QUOTA_PERIOD_US, math.ceil(1_000 / fraction))
+        quota = round(period * fraction)
+        if unified:
+            (group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        yield group / "cgroup.procs"
+    finally:
+        group.rmdir()
+
+
+@contextlib.contextmanager
 def service(
-    store: str, publishers: list[dict[str, Any]], port: int, *options: str
+    store: str, publishers: list[dict[str, Any]], port: int, *options: str, quota: float | None
 ) -> Iterator[Path]:
     """`kvsi serve` on `port` (with `options`), its log in a file; yields the log's path,
-    stops it after.
+    stops it after. With `quota`, in a `cpu_quota` group of its own from its first
+    instruction on.
 
     In a session of its own, as the loadgen (see `processes.background`).
     """
     env = {"KVSI_PUBLISHERS": json.dumps(publishers), "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "kvsi", "serve", "--port", str(port), "--store", store]
-    with background([*argv, *options], env, "kvsi-bench-") as (_, log):
-        yield log
+    with cpu_quota(quota) as procs:
+        if procs is not None:
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
+        with background([*argv, *options], env, "kvsi-bench-") as (_, log):
+            yield log  # stopped when this ends, before its group is removed
 
 
 async def run(args: argparse.Namespace, store: str, redis_port: int | None) -> list[dict[str, Any]]:
@@ -374,12 +410,16 @@ async def run(args: argparse.Namespace, store: str, redis_port: int | None) -> l
                 ingest_port = free_port()
                 stack.enter_context(
                     service(store, fleet.publishers(), free_port(), "--no-api",
-                            "--metrics-port", str(ingest_port))
+                            "--metrics-port", str(ingest_port), quota=args.cpu_quota)
                 )  # fmt: skip
                 bases.append(f"http://127.0.0.1:{ingest_port}")
-                log = stack.enter_context(service(store, [], port, "--no-ingest"))
+                log = stack.enter_context(
+                    service(store, [], port, "--no-ingest", quota=args.cpu_quota)
+                )
             else:
-                log = stack.enter_context(service(store, fleet.publishers(), port))
+                log = stack.enter_context(
+                    service(store, fleet.publishers(), port, quota=args.cpu_quota)
+                )
             try:
                 built = time.monotonic()
                 async with asyncio.timeout(BUILD_SECONDS):
@@ -497,7 +537,15 @@ def main() -> None:
         action="store_true",
         help="redis: ingest (--no-api) and API (--no-ingest) in two processes",
     )
+    parser.add_argument(
+        "--cpu-quota",
+        type=float,
+        default=None,
+        help="each service at most this fraction of one core, in 2 ms periods (root)",
+    )
     args = parser.parse_args()
+    if args.cpu_quota is not None and not 0 < args.cpu_quota <= 1:
+        parser.error(f"--cpu-quota must be in (0, 1], got {args.cpu_quota}")
     if args.split and args.store != "redis":
         parser.error("--split needs --store redis: the memory store lives in one process")
     configure_logging("warning", "console")
