@@ -115,7 +115,13 @@ def test_over_100k_fuzzed_messages_never_crash_and_are_all_accounted(
     began = time.monotonic()
     run()
     assert total >= 100_000
-    assert reasons >= {r.value for r in DropReason} - {DropReason.REPLY_DELIMITER}
+    # Every reason the input can cause; not apply_error, which only a store's bug causes: no
+    # fuzzed message made the store raise.
+    assert DropReason.APPLY_ERROR not in reasons
+    assert reasons >= {r.value for r in DropReason} - {
+        DropReason.REPLY_DELIMITER,
+        DropReason.APPLY_ERROR,
+    }
     assert time.monotonic() - began < 120
 
 
