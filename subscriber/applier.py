@@ -114,9 +114,9 @@ class Applier:
         self._applied_any = False
         self._drop_logged: dict[DropReason, float] = {}
         self._replayed: list[Batch] = []
+        """Replayed batches that follow the fence, held to be stored as one run."""
         self._given_up: int | None = None
         """The seq of the last batch given up (`_unappliable`): lost, not stored."""
-        """Replayed batches that follow the fence, held to be stored as one run."""
 
     async def on_live(self, messages: list[list[bytes]]) -> None:
         """Live messages held back to back: runs of clean batches that simply follow the
