@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.children import tied
 from tests.ports import free_port
 from tests.waiting import until_sync
 
@@ -74,7 +75,7 @@ class RedisServer:
         self.port = port
         log = open(self.dir / "redis.log", "ab")  # noqa: SIM115  (the process owns it)
         self._proc = subprocess.Popen(
-            [
+            tied([
                 "redis-server",
                 "--bind", "127.0.0.1",
                 "--port", str(self.port),
@@ -82,7 +83,7 @@ class RedisServer:
                 "--save", "",
                 "--appendonly", "no",
                 *self.args,
-            ],
+            ]),
             stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.children import tied
 from tests.environ import service_environ
 from tests.ports import free_port_run
 from tests.waiting import until_sync
@@ -54,7 +55,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvsi", "serve", "--port", str(port)],
+            tied([sys.executable, "-m", "kvsi", "serve", "--port", str(port)]),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -37,6 +37,7 @@ from kvsi.settings import LlmDConfig, load_settings
 from kvsi.store.memory import MemoryStore
 from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from tests.api.harness import client_for
+from tests.children import tied
 from tests.deploy.paths import DEPLOY, tool
 from tests.ports import free_port, refusing_port
 from tests.waiting import eventually
@@ -211,7 +212,7 @@ def proxy_process(*args: str) -> Iterator[str]:
     """The proxy script as its own process, the way deploy/llm-d documents running it."""
     port = free_port()
     command = [sys.executable, str(PROXY), "--listen", f"127.0.0.1:{port}", *args]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(tied(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.children import tied
 from tests.deploy.manifests import rendered
 from tests.deploy.paths import DEPLOY
 from tests.ports import free_port
@@ -74,7 +75,7 @@ def kvsi(
     """`python -m kvsi ARGS` with JSON logs into `log`; stopped with SIGTERM, must exit 0."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvsi", *args],
+            tied([sys.executable, "-m", "kvsi", *args]),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=os.environ | {"KVSI_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"} | (env or {}),

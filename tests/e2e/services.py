@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvsi.simulator.fleet import SimulatedFleet
 from tests import waiting
+from tests.children import tied
 from tests.e2e.truth import listing
 from tests.environ import service_environ
 from tests.ports import free_port_run
@@ -68,7 +69,7 @@ class Service:
         self.url = ""
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [*KVSI, *args],
+                tied([*KVSI, *args]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=service_environ({"PYTHONUNBUFFERED": "1", "COLUMNS": "200"} | env),

@@ -26,6 +26,7 @@ from kvsi.store.select import open_store
 from kvsi.subscriber.pool import StreamPool
 from kvsi.subscriber.stream import PublisherSpec
 from kvsi.tail import tail
+from tests.children import tied
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +42,7 @@ def get(url: str) -> object:
 def test_demo_serves_live_pods_and_sessions_then_stops_on_ctrl_c() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [*KVSI, "serve", "--demo", "--port", str(port)],
+        tied([*KVSI, "serve", "--demo", "--port", str(port)]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -148,7 +149,7 @@ def test_module_entry_point_exists() -> None:
 def test_simulate_and_serve_as_two_processes() -> None:
     """`kvsi simulate` in one process, `kvsi serve --pod ...` in another, over tcp."""
     simulator = subprocess.Popen(
-        [*KVSI, "simulate", "--pods", "1", "--base-port", "0", "--duration", "60"],
+        tied([*KVSI, "simulate", "--pods", "1", "--base-port", "0", "--duration", "60"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -161,16 +162,18 @@ def test_simulate_and_serve_as_two_processes() -> None:
         assert set(endpoints) == {"endpoint", "replay_endpoint"}, line
         api_port = free_port()
         service = subprocess.Popen(
-            [
-                *KVSI,
-                "serve",
-                "--port",
-                str(api_port),
-                "--pod",
-                f"pod-a={endpoints['endpoint']}",
-                "--replay",
-                f"pod-a={endpoints['replay_endpoint']}",
-            ],
+            tied(
+                [
+                    *KVSI,
+                    "serve",
+                    "--port",
+                    str(api_port),
+                    "--pod",
+                    f"pod-a={endpoints['endpoint']}",
+                    "--replay",
+                    f"pod-a={endpoints['replay_endpoint']}",
+                ]
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.children import tied
 from tests.environ import service_environ
 from tests.paths import ROOT
 from tests.ports import free_port_run
@@ -128,7 +129,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     log = tmp_path_factory.mktemp("demo") / "kvsi.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvsi", "serve", "--demo", "--port", "0"],
+            tied([sys.executable, "-m", "kvsi", "serve", "--demo", "--port", "0"]),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
+from tests.children import tied
 from tests.e2e.services import Service, services, start_redis
 from tests.environ import service_environ
 from tests.ports import free_port_run
@@ -154,7 +155,7 @@ def test_sigterm_while_the_demo_starts_is_a_clean_exit(after: float) -> None:
     """From the moment the command handles SIGTERM (before that, the interpreter is still
     starting and the default action ends it), at any point of the start-up that follows."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsi", "serve", "--demo", "--port", "0"],
+        tied([sys.executable, "-m", "kvsi", "serve", "--demo", "--port", "0"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

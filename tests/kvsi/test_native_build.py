@@ -12,6 +12,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from kvsi.version import core_build
+from tests.children import tied
 from tests.deploy.dockerfile import env_of, stages
 from tests.native import stale_native_modules
 from tests.paths import ROOT
@@ -144,7 +145,12 @@ def test_serve_warns_at_start_when_the_core_is_interpreted(tmp_path: Path) -> No
     env = os.environ | {"PYTHONPATH": str(interpreted_copy(tmp_path)), "KVSI_LOG_FORMAT": "json"}
     argv = [sys.executable, "-m", "kvsi", "serve", "--no-ingest", "--port", str(free_port())]
     proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        tied(argv),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert proc.stdout is not None

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from kvsi.hashing.dynamo import tokens_hashes
+from tests.children import tied
 from tests.paths import ROOT
 from tests.ports import free_port
 from tests.waiting import until
@@ -57,7 +58,7 @@ class DynamoIndexer:
         self.log = workdir / f"{name}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [str(python), "-m", "dynamo.indexer", "--port", str(self.port), *args],
+                tied([str(python), "-m", "dynamo.indexer", "--port", str(self.port), *args]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
