@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -72,10 +73,8 @@ def test_a_tied_process_ends_when_the_run_that_started_it_is_killed() -> None:
         assert not _gone(untied), "an untied child ended too: the test cannot tell"
     finally:
         for pid in (untied, tied_pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def test_every_process_the_tests_start_is_tied() -> None:
