@@ -87,15 +87,13 @@ class Applier:
         unconfirmed_ttl: float,
         tokens_hashes: bool = False,
         wake: Callable[[], None],
-        held_ends: Callable[[], tuple[list[bytes], list[bytes]] | None],
         wait_out: Callable[[ResourceError], Awaitable[None]],
         resourced: Callable[[], None],
     ) -> None:
         """`replay`: None without a replay endpoint. `tokens_hashes`: decode stores with
-        Dynamo's hashes of their tokens (`decode.ingest_decoder`). `wake`: wakes the applier
-        task (a catch-up is due). `held_ends`: the oldest and newest live messages waiting
-        in the stream's inbox (`Inbox.held_ends`). `wait_out`, `resourced`: the stream's
-        handling of a resource limit on a replay's socket."""
+        Dynamo's hashes of their tokens (`decode.ingest_decoder`). `wake`: wakes the applier task (a
+        catch-up is due). `wait_out`, `resourced`: the stream's handling of a resource limit
+        on a replay's socket."""
         self.worker = worker
         self.order = StreamOrder()
         self.health = health
@@ -111,10 +109,6 @@ class Applier:
         self._replay = replay
         self._unconfirmed_ttl = unconfirmed_ttl
         self._wake = wake
-        self._held_ends = held_ends
-        self._later: list[list[bytes]] = []
-        """The live messages `on_live` took after the one it is placing (a repair's replay
-        may end where they go on: `_overtaken`)."""
         self._wait_out = wait_out
         self._resourced = resourced
         self._applied_any = False
@@ -131,7 +125,7 @@ class Applier:
         run: list[Batch] = []
         decode = self._decoder.decode
         self.counters.messages += len(messages)
-        for i, frames in enumerate(messages):
+        for frames in messages:
             parsed = parse_live(frames)
             if isinstance(parsed, DropReason):
                 self.drop(parsed)
@@ -144,9 +138,7 @@ class Applier:
             if run:
                 await self._store(run, Mode.LIVE)
                 run = []
-            self._later = messages[i + 1 :]
             await self._accept(seq, decoded, Mode.LIVE)
-            self._later = []
         if run:
             await self._store(run, Mode.LIVE)
 
@@ -164,35 +156,12 @@ class Applier:
     async def _deliver(self, seq: int, payload: bytes) -> bool:
         """A replayed batch; False stops the replay. Batches that simply follow the fence
         are held and stored in runs of up to REPLAY_RUN_MAX, as live ones are in theirs
-        (`_store_replayed` stores what is held when the replay ends). The replay also stops
-        once the live messages held go on from the fence (`_overtaken`)."""
+        (`_store_replayed` stores what is held when the replay ends)."""
         decoded = self._decoder.decode(payload)
         if self._follows(seq, decoded):
             self._replayed.append(Batch(seq, decoded.ts, decoded.events))
-            overtaken = self._overtaken()
-            if overtaken or len(self._replayed) >= REPLAY_RUN_MAX:
-                return await self._store_replayed() and not overtaken
-            return True
-        return (
-            await self._store_replayed()
-            and await self._accept(seq, decoded, Mode.REPLAY)
-            and not self._overtaken()
-        )
-
-    def _overtaken(self) -> bool:
-        """Whether the live messages held go on from the fence: the rest of the replay would
-        only return batches they hold (skipped then as duplicates), and its end marker,
-        which a publisher's ROUTER drops at its high-water mark like any reply, would be
-        waited for until the replay's timeout. Held: the live messages `on_live` took after
-        the one it is placing, then those waiting in the inbox. The live path's own rules
-        place them (a gap or a restart among them is repaired as any live one is)."""
-        fence = self.order.fence
-        if fence is None:
-            return False
-        later, held = self._later, self._held_ends()
-        first = later[0] if later else None if held is None else held[0]
-        last = held[1] if held is not None else later[-1] if later else None
-        return first is not None and last is not None and _holds(first, fence.seq + 1, last)
+            return len(self._replayed) < REPLAY_RUN_MAX or await self._store_replayed()
+        return await self._store_replayed() and await self._accept(seq, decoded, Mode.REPLAY)
 
     async def _store_replayed(self) -> bool:
         """Store the replayed batches held (their fence already stands); False: the store
@@ -407,8 +376,7 @@ class Applier:
             self.log.warning("stream.replay_failed", start=start, reason=exc.reason, error=str(exc))
             return None
         await self._store_replayed()
-        # Overtaken by the live messages held: complete, what was missing is all here.
-        result = "stopped" if report.stopped and not self._overtaken() else "complete"
+        result = "stopped" if report.stopped else "complete"
         counters.replays[result] = counters.replays.get(result, 0) + 1
         self.log.info(
             "stream.replayed",
@@ -485,16 +453,6 @@ class Applier:
         if self.order.audit(stored):
             where = "no fence" if stored is None else f"fence seq {stored.seq}"
             await self._index_lost(f"the store holds {where}, behind what it held before")
-
-
-def _holds(first: list[bytes], seq: int, last: list[bytes]) -> bool:
-    """Whether `seq` lies between the seqs of two live messages (False if either has none):
-    the messages between them are the publisher's, in its order (a hole among them is the
-    live path's to repair)."""
-    low, high = parse_live(first), parse_live(last)
-    if isinstance(low, DropReason) or isinstance(high, DropReason):
-        return False
-    return low[0] <= seq <= high[0]
 
 
 def _block_events(batch: Batch) -> int:

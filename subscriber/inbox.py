@@ -83,11 +83,6 @@ class Inbox:
             raise RuntimeError("no dropped message to take")
         return self._first_drop, frames
 
-    def held_ends(self) -> tuple[list[bytes], list[bytes]] | None:
-        """Frames of the oldest and the newest message held, None when empty."""
-        items = self._items
-        return (items[0][1], items[-1][1]) if items else None
-
     def oldest_arrival(self) -> float | None:
         """Arrival time of the oldest held message, None when empty."""
         return self._items[0][0] if self._items else None

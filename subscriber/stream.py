@@ -118,7 +118,6 @@ class WorkerStream:
             unconfirmed_ttl=self._options.unconfirmed_ttl,
             tokens_hashes=self._options.tokens_hashes,
             wake=self.inbox.wake,
-            held_ends=self.inbox.held_ends,
             wait_out=self._wait_out,
             resourced=self._resourced,
         )

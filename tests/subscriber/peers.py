@@ -99,8 +99,7 @@ class ReplayRouter:
     `delay` pauses before every reply batch (a slow engine); `silent` answers nothing (a dead
     one); `first` hides seqs below it (a buffer that no longer reaches back); `skips`
     leaves seqs out of the next replies, a set per reply (replies lost on the way); `junk`
-    is sent first; `ends` False leaves the end marker out (a ROUTER that dropped it at its
-    high-water mark).
+    is sent first.
     """
 
     def __init__(
@@ -123,7 +122,6 @@ class ReplayRouter:
         self.first = 0
         self.skips: list[set[int]] = []
         self.junk: list[list[bytes]] = []
-        self.ends = True
         self.requests: list[int] = []
         self.active = 0
         self.most_active = 0
@@ -164,8 +162,7 @@ class ReplayRouter:
                     await asyncio.sleep(self.delay)
                 await self.sock.send_multipart([identity, *head, seq.to_bytes(8, "big"), sent[seq]])
             end = [b"", wire.END_SEQ, b""] if self.legacy else [b"", b"", wire.END_SEQ, b""]
-            if self.ends:
-                await self.sock.send_multipart([identity, *end])
+            await self.sock.send_multipart([identity, *end])
         finally:
             self.active -= 1
 

@@ -78,48 +78,6 @@ async def test_live_messages_during_a_slow_replay_are_held_then_applied_in_order
     assert await blocks(r.store) == set(range(60))
 
 
-async def test_a_replay_ends_where_the_live_messages_held_go_on_without_its_end_marker(
-    rig: RigFactory,
-) -> None:
-    """A ROUTER at its high-water mark drops the end marker like any reply: the stream does
-    not wait out the replay's timeout (30 s here, longer than the test waits) once the live
-    messages it holds take over from the fence."""
-    r = await rig(options=replace(FAST, replay_timeout=30.0))
-    assert r.router is not None
-    r.router.ends = False
-    r.router.delay = 0.01
-    for i in range(20):
-        await r.publisher.send(payload([stored([i])]), deliver=not 5 <= i < 15)
-    for i in range(20, 40):  # while the replay trickles in
-        await r.publisher.send(payload([stored([i])]))
-        await asyncio.sleep(0.002)
-    await r.applied_through(39)
-    assert r.store.seqs(WORKER) == list(range(40)), "each batch once, in seq order"
-    c = r.stream.counters
-    assert c.replays == {"complete": 2}, "the connect's catch-up and the gap's, none failed"
-    assert (c.gaps, c.batches_missed, c.batches_lost) == (1, 10, 0)
-    assert await blocks(r.store) == set(range(40))
-    assert (await r.view()).status.state is WorkerState.LIVE
-
-
-async def test_a_replay_goes_on_while_the_live_messages_held_start_beyond_it(
-    rig: RigFactory,
-) -> None:
-    """Held live messages after a second hole (16..24 never arrived live) do not end the
-    replay at the first: it returns the seqs between, and hands over at the held ones."""
-    r = await rig(options=replace(FAST, replay_timeout=30.0))
-    assert r.router is not None
-    r.router.ends = False
-    for i in range(30):
-        await r.publisher.send(payload([stored([i])]), deliver=not (5 <= i < 15 or 16 <= i < 25))
-    await r.applied_through(29)
-    assert r.store.seqs(WORKER) == list(range(30)), "each batch once, in seq order"
-    c = r.stream.counters
-    assert c.replays == {"complete": 2}, "one replay for both holes, ended by the held ones"
-    assert (c.gaps, c.batches_lost) == (1, 0)
-    assert await blocks(r.store) == set(range(30))
-
-
 async def test_an_engine_restart_empties_the_worker_and_is_no_gap(rig: RigFactory) -> None:
     r = await rig()
     now = time.time()

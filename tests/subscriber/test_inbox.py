@@ -75,12 +75,3 @@ async def test_a_burst_is_held_in_order_up_to_the_room_left_and_the_rest_dropped
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity"):
         Inbox(0)
-
-
-def test_held_ends_are_the_oldest_and_newest_held_not_the_dropped() -> None:
-    inbox = Inbox(3)
-    assert inbox.held_ends() is None
-    inbox.put([msg(seq) for seq in range(5, 10)], time.monotonic())
-    assert inbox.held_ends() == (msg(5), msg(7)), "8 and 9 were dropped: not held"
-    assert inbox.take(2) == [msg(5), msg(6)]
-    assert inbox.held_ends() == (msg(7), msg(7))
