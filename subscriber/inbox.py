@@ -27,7 +27,9 @@ class Inbox:
             raise ValueError(f"inbox capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._items: deque[Arrival] = deque()
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        """The consumer's wait in `get`, if it waits (a bare future: asyncio.Event's waiter
+        list and loop check cost more on every message than the hand-off itself)."""
         self.overflowed = 0
         """Messages dropped because the inbox was full, since the stream started."""
         self.newest: list[bytes] | None = None
@@ -48,7 +50,7 @@ class Inbox:
         room = self.capacity - len(items)
         if room > 0:
             items.extend([(arrived, frames) for frames in burst[:room]])
-            self._ready.set()
+            self._release()
         dropped = len(burst) - max(room, 0)
         if dropped <= 0:
             return False
@@ -60,14 +62,22 @@ class Inbox:
 
     def wake(self) -> None:
         """Make a waiting `get` return None now (the applier has other work)."""
-        self._ready.set()
+        self._release()
+
+    def _release(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get(self) -> Arrival | None:
         """The oldest message, waiting for one; None after a `wake` with nothing held."""
         if self._items:
             return self._items.popleft()
-        self._ready.clear()
-        await self._ready.wait()
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
         return self._items.popleft() if self._items else None
 
     def take(self, most: int) -> list[list[bytes]]:

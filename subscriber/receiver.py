@@ -3,13 +3,14 @@
 Imports zmq, asyncio and inbox.py; never the store. The receiver never waits on anything but
 the socket (see inbox.py for why). It reads without a Future per message: the event loop
 calls `drain` when the socket's ZMQ_FD turns readable, and `drain` reads every waiting
-message with NOBLOCK, then hands them to the inbox as one burst.
+message without blocking, then hands them to the inbox as one burst.
 
 ZMQ_FD signals a change, not a level: it does not turn readable again for messages that
-were already waiting. So `drain` reads until EAGAIN (which also processes the socket's
-pending commands, re-arming the signal), drains once at start (messages may have queued
-before the reader was added), and, when it stops at DRAIN_MAX with messages left, calls
-itself again on the loop's next turn instead of waiting for a signal that will not come.
+were already waiting. So `drain` reads until ZMQ_EVENTS shows none waiting (asking it also
+processes the socket's pending commands, re-arming the signal: `sockets.waiting_message`),
+drains once at start (messages may have queued before the reader was added), and, when it
+stops at DRAIN_MAX, calls itself again on the loop's next turn instead of waiting for a
+signal that will not come.
 """
 
 from __future__ import annotations
@@ -22,13 +23,11 @@ import zmq
 import zmq.asyncio
 
 from kvsi.subscriber.inbox import Inbox
+from kvsi.subscriber.sockets import waiting_message
 
 DRAIN_MAX = 512
 """Most messages read in one wake-up: a publisher faster than the applier must not hold the
 event loop (the applier, other streams, the API) for one unbounded read."""
-
-_NOBLOCK = int(zmq.NOBLOCK)
-"""A plain int: pyzmq's flag enum would be combined and converted again on every read."""
 
 
 class Receiver:
@@ -76,18 +75,17 @@ class Receiver:
         stopped = self._stopped
         if stopped is None or stopped.done():
             return
-        recv = self._sock.recv_multipart
+        sock = self._sock
         burst: list[list[bytes]] = []
         try:
-            for _ in range(DRAIN_MAX):
-                burst.append(recv(_NOBLOCK))
-        except zmq.Again:
-            pass
+            while (frames := waiting_message(sock)) is not None:
+                burst.append(frames)
+                if len(burst) == DRAIN_MAX:
+                    assert self._loop is not None
+                    self._loop.call_soon(self.drain)
+                    break
         except zmq.ZMQError as exc:
             stopped.set_exception(exc)
-        else:
-            assert self._loop is not None
-            self._loop.call_soon(self.drain)
         if burst:
             self._deliver(burst)
 

@@ -18,12 +18,9 @@ import zmq.asyncio
 from kvsi.subscriber import metrics
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.framing import ReplayEnd, parse_reply, replay_request
-from kvsi.subscriber.sockets import socket_failure
+from kvsi.subscriber.sockets import socket_failure, waiting_message
 
 log = structlog.get_logger(__name__)
-
-_NOBLOCK = int(zmq.NOBLOCK)
-"""A plain int: pyzmq's flag enum would be combined and converted again on every read."""
 
 YIELD_EVERY = 64
 """Replies read without waiting between two turns given back to the event loop: a long
@@ -148,22 +145,22 @@ class ReplayClient:
         # lose replies whenever applying is slower than the network. The publisher's replay
         # buffer (vLLM's buffer_steps) bounds what one request can return.
         sock.setsockopt(zmq.RCVHWM, 0)
-        # Replies already here are read with NOBLOCK on a plain shadow of the socket (no
-        # Future, no timer each); only when none is waiting does the read wait, timed.
-        recv_now = zmq.Socket.shadow(sock.underlying).recv_multipart
+        # Replies already here are read on a plain shadow of the socket (no Future, no timer
+        # each); only when none is waiting does the read wait, timed.
+        plain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         try:
             sock.connect(self.endpoint)
             await sock.send_multipart(replay_request(expected))
             first = True
             unyielded = 0
             while True:
-                try:
-                    frames = recv_now(_NOBLOCK)
+                frames = waiting_message(plain)
+                if frames is not None:
                     unyielded += 1
                     if unyielded >= YIELD_EVERY:
                         unyielded = 0
                         await asyncio.sleep(0)
-                except zmq.Again:
+                else:
                     unyielded = 0
                     try:
                         async with asyncio.timeout(self._timeout):

@@ -1,5 +1,6 @@
 """ZMQ sockets sized for a fleet: the context's socket limit, the process's file limit, the
-room for streams they leave, and the failure a stream meets when a limit is reached anyway.
+room for streams they leave, and the failure a stream meets when a limit is reached anyway;
+and `waiting_message`, how the receiver and the replay client read a socket without blocking.
 
 Imports zmq only; never the store or the API. The simulator sizes its publishers' context
 with the same `sized_context`.
@@ -12,6 +13,7 @@ import enum
 import errno
 import resource
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -29,6 +31,28 @@ FILES_KEPT = 256
 interpreter's own files. Streams that found none left would also starve `/readyz`."""
 SOCKETS_KEPT = 16
 """Context slots kept beyond the counted ones (a command-line `kvsi tail`, a test's probe)."""
+
+
+_NOBLOCK = int(zmq.NOBLOCK)
+"""A plain int: pyzmq's flag enum would be combined and converted again on every read."""
+_POLLIN = int(zmq.POLLIN)
+
+
+def waiting_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+    """The frames of the next message waiting on `sock`, None if none is: never blocks.
+
+    Asking ZMQ_EVENTS first processes the socket's pending commands (which re-arms its
+    ZMQ_FD, as a read ending in EAGAIN does) without the exception such a read raises; the
+    frames are read with their more-flag (no RCVMORE query each) and copied to bytes.
+    """
+    if not cast(int, sock.get(zmq.EVENTS)) & _POLLIN:
+        return None
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames
 
 
 class ResourceReason(enum.StrEnum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import cast
 
 import pytest
 import zmq
@@ -11,6 +12,7 @@ import zmq.asyncio
 
 from kvsi.subscriber.inbox import Inbox
 from kvsi.subscriber.receiver import DRAIN_MAX, Receiver
+from kvsi.subscriber.sockets import waiting_message
 from tests.waiting import eventually
 
 
@@ -131,3 +133,20 @@ async def test_a_new_topic_is_reported_once_where_it_changes(pair: Pair) -> None
         assert running.topics == [a, b, a]
     finally:
         await running.stop()
+
+
+async def test_waiting_message_reads_every_frame_and_none_when_nothing_waits(pair: Pair) -> None:
+    plain: zmq.Socket[bytes] = zmq.Socket.shadow(pair.sub.underlying)
+    assert waiting_message(plain) is None
+    sent = [msg(1), [b"one frame"], [b"a", b"", b"c", b"d" * 70_000]]
+    await pair.send(sent)
+
+    async def all_here() -> bool:
+        return bool(cast(int, plain.get(zmq.EVENTS)) & zmq.POLLIN)
+
+    await eventually(all_here)
+    got = []
+    while (frames := waiting_message(plain)) is not None:
+        got.append(frames)
+    assert got == sent
+    assert waiting_message(plain) is None
