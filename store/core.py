@@ -23,6 +23,7 @@ from typing import Generic, TypeVar, cast
 from kvsi.store.feed import ResidencyRow
 from kvsi.store.model import (
     DEFAULT_MEDIUM,
+    REMOVED,
     EntriesRemoved,
     EntriesStored,
     Fence,
@@ -46,16 +47,15 @@ def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
     named twice is simply not held the second time), at a fraction of the cost.
     """
     out: list[StoreEvent] = []
-    grown: list[Hash] | None = None  # the merged removal ending `out`'s hashes, grown in place
-    for kind, run in itertools.groupby(events, type):  # runs of one type, found by C loops
-        if not issubclass(kind, EntriesRemoved):  # the ingest decoder's are subclasses
+    for cls, run in itertools.groupby(events, type):  # runs of one type, found by C loops
+        if cast("type[StoreEvent]", cls).kind != REMOVED:  # once a run (decoder subclasses)
             out += run
-            grown = None
             continue
+        last: EntriesRemoved | None = None  # the removal `out` ends with, in this run
+        grown: list[Hash] | None = None  # its hashes once merged, grown in place
         for event in cast("Iterator[EntriesRemoved]", run):  # its key: the events' type
-            last = out[-1] if out else None
             if (
-                isinstance(last, EntriesRemoved)
+                last is not None
                 and event.medium == last.medium
                 and event.group_idx == last.group_idx
             ):
@@ -65,6 +65,7 @@ def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
                 grown += event.block_hashes
             else:
                 out.append(event)
+                last = event
                 grown = None
     return out if len(out) < len(events) else events
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
-from kvsi.store.model import Batch, EntriesStored, Hash, WorkerCleared
+from kvsi.store.model import CLEARED, STORED, Batch, EntriesStored, Hash
 from kvsi.store.records import Residency
 
 DIRECTORY_TTL = 259_200.0
@@ -87,13 +87,15 @@ def firsts_to_assert(
     cleared = restarted
     for batch in batches:
         for event in batch.events:
-            if isinstance(event, WorkerCleared):
+            kind = event.kind  # not isinstance: see EntriesStored.kind
+            if kind == CLEARED:
                 cleared = True
-            if not isinstance(event, EntriesStored) or event.parent_block_hash is not None:
+            if kind != STORED:
                 continue
-            if not event.block_hashes:
+            stored = cast(EntriesStored, event)
+            if stored.parent_block_hash is not None or not stored.block_hashes:
                 continue
-            first = event.block_hashes[0]
+            first = stored.block_hashes[0]
             if first in due:
                 continue
             stale = asserted.get(first, -math.inf) < refresh_before
@@ -116,9 +118,9 @@ def sessions_to_assert(
     due: dict[str, None] = {}
     for batch in batches:
         for event in batch.events:
-            if not isinstance(event, EntriesStored):  # the ingest decoder makes subclasses
+            if event.kind != STORED:  # not isinstance: see EntriesStored.kind
                 continue
-            sid = event.session_id
+            sid = cast(EntriesStored, event).session_id
             if sid is None or sid in due:
                 continue
             res = residencies.get(sid)

@@ -12,6 +12,7 @@ import heapq
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
+from typing import cast
 
 from mypy_extensions import mypyc_attr
 
@@ -19,6 +20,8 @@ from kvsi.store.core import WorkerIndex, merged_removals
 from kvsi.store.feed import FeedHub, FeedRecord, WorkerChange
 from kvsi.store.first_blocks import FirstBlocks
 from kvsi.store.model import (
+    REMOVED,
+    STORED,
     ApplyOutcome,
     Batch,
     EntriesRemoved,
@@ -33,7 +36,6 @@ from kvsi.store.model import (
     SessionSummary,
     SessionView,
     StoreEvent,
-    WorkerCleared,
     WorkerKey,
     WorkerLosses,
     WorkerState,
@@ -190,19 +192,22 @@ class MemoryStore:
         note_first = self._firsts.note
         key = w.key
         for event in merged_removals(events):
-            if isinstance(event, EntriesStored):
-                index.store(event, ts)
-                if event.tokens_hashes:
-                    index.link(event)
-                if event.parent_block_hash is None and event.block_hashes:
-                    note_first(event.block_hashes[0], key)
-            elif isinstance(event, EntriesRemoved):
-                part = index.part(event.medium, event.group_idx)
+            kind = event.kind
+            if kind == STORED:
+                stored = cast(EntriesStored, event)
+                index.store(stored, ts)
+                if stored.tokens_hashes:
+                    index.link(stored)
+                if stored.parent_block_hash is None and stored.block_hashes:
+                    note_first(stored.block_hashes[0], key)
+            elif kind == REMOVED:
+                removed = cast(EntriesRemoved, event)
+                part = index.part(removed.medium, removed.group_idx)
                 if part is not None:
                     if part.pending:
-                        index.confirm(part, event.block_hashes)
-                    index.remove(part, event.block_hashes, lost=True)
-            elif isinstance(event, WorkerCleared):
+                        index.confirm(part, removed.block_hashes)
+                    index.remove(part, removed.block_hashes, lost=True)
+            else:
                 index.clear()
 
     def _publish(self, w: _Worker, ts: float, *, losses: bool) -> None:

@@ -6,7 +6,7 @@ Imports neither zmq nor fastapi; msgspec only, so both sides share these types c
 from __future__ import annotations
 
 import enum
-from typing import Generic, NamedTuple, TypeVar
+from typing import ClassVar, Final, Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -34,6 +34,14 @@ class WorkerKey(NamedTuple):
         return f"{self.pod}/{self.dp_rank}"
 
 
+STORED: Final = 0
+"""`EntriesStored.kind`."""
+REMOVED: Final = 1
+"""`EntriesRemoved.kind`."""
+CLEARED: Final = 2
+"""`WorkerCleared.kind`."""
+
+
 class EntriesStored(msgspec.Struct, frozen=True, gc=False):
     """Entries now on the worker (a block hash each, in one medium and group); the session
     residency of `session_id`, if any, gains them. The store's form of the wire's
@@ -59,6 +67,11 @@ class EntriesStored(msgspec.Struct, frozen=True, gc=False):
     vLLM event has: the ingest decoder, which reads a BlockStored straight into this type,
     never takes it from the wire."""
 
+    kind: ClassVar[int] = STORED
+    """Which event this is, for the hot paths' dispatch: `isinstance` against a Struct class
+    takes the metaclass's slow path whenever the type is not exactly it (the ingest decoder
+    makes subclasses), a class attribute read does not."""
+
 
 class EntriesRemoved(msgspec.Struct, frozen=True, gc=False):
     """Entries evicted from one medium and group of the worker, and from every session
@@ -68,10 +81,16 @@ class EntriesRemoved(msgspec.Struct, frozen=True, gc=False):
     medium: str | None = None
     group_idx: int | None = None
 
+    kind: ClassVar[int] = REMOVED
+    """See `EntriesStored.kind`."""
+
 
 class WorkerCleared(msgspec.Struct, frozen=True, gc=False):
     """The worker dropped every entry (prefix cache reset); its session residencies stay,
     holding none. The store's form of the wire's `AllBlocksCleared`."""
+
+    kind: ClassVar[int] = CLEARED
+    """See `EntriesStored.kind`."""
 
 
 StoreEvent = EntriesStored | EntriesRemoved | WorkerCleared

@@ -18,19 +18,21 @@ from __future__ import annotations
 import time
 import zlib
 from functools import partial
+from typing import cast
 
 import msgspec
 
 from kvsi.store.core import WorkerIndex, merged_removals
 from kvsi.store.feed import FeedRecord
 from kvsi.store.model import (
+    REMOVED,
+    STORED,
     ApplyOutcome,
     Batch,
     EntriesRemoved,
     EntriesStored,
     Fence,
     Hash,
-    WorkerCleared,
     advance,
 )
 from kvsi.store.redis.layout import (
@@ -174,15 +176,17 @@ class Mirror:
         text = repr(ts)
         stored: dict[str, None] = {}
         for event in merged_removals(batch.events):
-            if isinstance(event, EntriesStored):
-                self._store_in(plan, event, ts, text, stored, touched)
-            elif isinstance(event, EntriesRemoved):
-                part = index.part(event.medium, event.group_idx)
+            kind = event.kind  # not isinstance: see EntriesStored.kind
+            if kind == STORED:
+                self._store_in(plan, cast(EntriesStored, event), ts, text, stored, touched)
+            elif kind == REMOVED:
+                removed = cast(EntriesRemoved, event)
+                part = index.part(removed.medium, removed.group_idx)
                 if part is not None:
                     if part.pending:
-                        self._confirm_in(plan, part, event.block_hashes)
-                    self._remove_in(plan, part, event.block_hashes, touched)
-            elif isinstance(event, WorkerCleared):
+                        self._confirm_in(plan, part, removed.block_hashes)
+                    self._remove_in(plan, part, removed.block_hashes, touched)
+            else:
                 self._clear_in(plan, touched)
         index.fence = fence = advance(index.fence, outcome, batch.seq, ts)
         self._feed_in(plan, ts, losses=True)

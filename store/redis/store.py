@@ -29,12 +29,12 @@ from redis.exceptions import ConnectionError
 
 from kvsi.store.feed import FeedRecord, WorkerChange
 from kvsi.store.model import (
+    CLEARED,
     ApplyOutcome,
     Batch,
     Expired,
     Fence,
     IndexLostError,
-    WorkerCleared,
     WorkerKey,
     WorkerStatus,
     advance,
@@ -439,7 +439,7 @@ class RedisStore(RedisReader, RedisInstances):
         if reply.outcome == predicted.value:
             mirror.ver = token
             directories.applied(w.asserted, due, now)
-            if restarted or any(isinstance(e, WorkerCleared) for e in batch.events):
+            if restarted or any(e.kind == CLEARED for e in batch.events):
                 await directories.cleared(w.keys)
             return predicted
         if reply.outcome in _SKIPPED and reply.next_batch == batch_id(batch):

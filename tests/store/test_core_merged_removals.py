@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 from kvsi.store.core import merged_removals
 from kvsi.store.feed import FeedRecord
 from kvsi.store.memory import MemoryStore
-from kvsi.store.model import Batch, EntriesRemoved, EntriesStored, StoreEvent, WorkerKey
+from kvsi.store.model import (
+    CLEARED,
+    REMOVED,
+    STORED,
+    Batch,
+    EntriesRemoved,
+    EntriesStored,
+    StoreEvent,
+    WorkerCleared,
+    WorkerKey,
+)
 from kvsi.subscriber import wire
 from kvsi.subscriber.decode import ingest_decoder
 from tests.store.snapshots import snapshot
@@ -64,6 +74,34 @@ def test_the_ingest_decoders_removals_are_merged() -> None:
     for tokens in (False, True):
         events = ingest_decoder(tokens=tokens).decode(payload).events
         assert merged_removals(events) == [EntriesRemoved([1, 2], "GPU", None)]
+
+
+def test_every_event_the_decoders_make_carries_its_kind() -> None:
+    """The stores dispatch on `kind`, not `isinstance` (EntriesStored.kind): each class has
+    its own, and the decoders' events (subclasses, or the store's own types) carry theirs."""
+    kinds = {EntriesStored: STORED, EntriesRemoved: REMOVED, WorkerCleared: CLEARED}
+    assert len(set(kinds.values())) == 3
+    for cls, kind in kinds.items():
+        assert cls.kind == kind
+    payload = msgspec.msgpack.encode(
+        wire.KVEventBatch(
+            ts=1.0,
+            events=[
+                wire.BlockStored(
+                    block_hashes=[1], parent_block_hash=None, token_ids=[0] * 16, block_size=16,
+                    lora_id=None, medium="GPU", lora_name=None,
+                ),
+                wire.BlockRemoved(block_hashes=[1], medium="GPU"),
+                wire.AllBlocksCleared(),
+            ],
+        )
+    )  # fmt: skip
+    for tokens in (False, True):
+        events = ingest_decoder(tokens=tokens).decode(payload).events
+        assert [e.kind for e in events] == [STORED, REMOVED, CLEARED]
+        assert [kinds[next(c for c in kinds if isinstance(e, c))] for e in events] == [
+            STORED, REMOVED, CLEARED,
+        ]  # fmt: skip
 
 
 def _events(drawn: list[tuple[str, tuple[str, int], list[int], int]]) -> list[StoreEvent]:
