@@ -42,6 +42,7 @@ def _child(args: argparse.Namespace) -> None:
     import structlog
     import zmq
     import zmq.asyncio
+    from stream_ingest import close_all
 
     from kvsi.store.memory import MemoryStore
     from kvsi.store.model import WorkerKey
@@ -96,12 +97,7 @@ def _child(args: argparse.Namespace) -> None:
                 await applied(seq)
         await applied(last)
         os.getppid()  # callgrind: --dump-before=getppid
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for pub in pubs:
-            pub.close(linger=0)
-        ctx.destroy(linger=0)
+        await close_all(tasks, pubs, ctx)
 
     asyncio.run(run())
 

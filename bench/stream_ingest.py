@@ -14,6 +14,7 @@ import asyncio
 import logging
 import statistics
 import time
+from typing import Any
 
 import msgspec
 import structlog
@@ -85,12 +86,19 @@ async def one_run(run: int, workload: list[list[bytes]]) -> tuple[float, float]:
         assert all(s.counters.batches_lost == 0 for s in streams)
         return seconds, cpu
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for pub in pubs:
-            pub.close(linger=0)
-        ctx.destroy(linger=0)
+        await close_all(tasks, pubs, ctx)
+
+
+async def close_all(
+    tasks: list[asyncio.Task[None]], pubs: list[zmq.Socket[bytes]], ctx: zmq.Context[Any]
+) -> None:
+    """Stop the streams' tasks, then close the publishers and the context."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for pub in pubs:
+        pub.close(linger=0)
+    ctx.destroy(linger=0)
 
 
 def main() -> None:

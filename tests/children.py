@@ -12,7 +12,9 @@ outlives them (every test and fixture here runs on pytest's main thread).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 SETPRIV = shutil.which("setpriv")
 """util-linux's setpriv (essential on Debian); without it, processes are started untied."""
@@ -23,3 +25,10 @@ def tied(argv: Sequence[str]) -> list[str]:
     if SETPRIV is None:
         return list(argv)
     return [SETPRIV, "--pdeathsig", "TERM", "--", *argv]
+
+
+def start_text(argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """`argv` started tied, in `cwd` with `env`, its output and errors in one text pipe."""
+    return subprocess.Popen(
+        tied(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )

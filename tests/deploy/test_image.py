@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.children import tied
+from tests.children import start_text
 from tests.deploy.dockerfile import env_of, exec_form, stages
 from tests.deploy.paths import ROOT, tool
 from tests.ports import free_port
@@ -106,14 +106,7 @@ def test_the_image_commands_work_from_the_wheel_in_a_fresh_virtualenv(tmp_path: 
     env = os.environ | env_of(runtime) | {"KVSI_HOST": "127.0.0.1", "KVSI_PORT": str(port)}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     argv = exec_form(runtime.last("ENTRYPOINT")) + exec_form(runtime.last("CMD"))
-    proc = subprocess.Popen(
-        tied(argv),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_text(argv, tmp_path, env)
     try:
         pods = wait_for_pods(f"http://127.0.0.1:{port}", proc)
         assert len(pods) == 3

@@ -12,7 +12,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from kvsi.version import core_build
-from tests.children import tied
+from tests.children import start_text
 from tests.deploy.dockerfile import env_of, stages
 from tests.native import stale_native_modules
 from tests.paths import ROOT
@@ -144,14 +144,7 @@ def test_an_in_place_build_without_a_compiler_leaves_no_compiled_module(tmp_path
 def test_serve_warns_at_start_when_the_core_is_interpreted(tmp_path: Path) -> None:
     env = os.environ | {"PYTHONPATH": str(interpreted_copy(tmp_path)), "KVSI_LOG_FORMAT": "json"}
     argv = [sys.executable, "-m", "kvsi", "serve", "--no-ingest", "--port", str(free_port())]
-    proc = subprocess.Popen(
-        tied(argv),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_text(argv, tmp_path, env)
     try:
         assert proc.stdout is not None
         events = []
