@@ -47,12 +47,13 @@ def merged_removals(events: list[StoreEvent]) -> list[StoreEvent]:
     named twice is simply not held the second time), at a fraction of the cost.
     """
     out: list[StoreEvent] = []
+    last: EntriesRemoved | None = None  # the removal `out` ends with
+    grown: list[Hash] | None = None  # its hashes once merged, grown in place
     for cls, run in itertools.groupby(events, type):  # runs of one type, found by C loops
         if cast("type[StoreEvent]", cls).kind != REMOVED:  # once a run (decoder subclasses)
             out += run
+            last = grown = None
             continue
-        last: EntriesRemoved | None = None  # the removal `out` ends with, in this run
-        grown: list[Hash] | None = None  # its hashes once merged, grown in place
         for event in cast("Iterator[EntriesRemoved]", run):  # its key: the events' type
             if (
                 last is not None

@@ -43,7 +43,8 @@ def waiting_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
 
     Asking ZMQ_EVENTS first processes the socket's pending commands (which re-arms its
     ZMQ_FD, as a read ending in EAGAIN does) without the exception such a read raises; the
-    frames are read with their more-flag (no RCVMORE query each) and copied to bytes.
+    frames are read with the more-flag pyzmq reads in C (no Python-level RCVMORE query, with
+    its option-enum conversion, each) and copied to bytes.
     """
     if not cast(int, sock.get(zmq.EVENTS)) & _POLLIN:
         return None

@@ -150,3 +150,21 @@ def test_a_batch_with_merged_removals_leaves_what_each_removal_in_turn_leaves(
         assert await run(spread=False) == await run(spread=True)
 
     asyncio.run(both())
+
+
+def test_removals_of_one_part_merge_across_the_store_and_the_decoders_types() -> None:
+    """A run of removals may mix the store's own type and the decoder's subclass (a batch
+    read event by event, map- and array-encoded at once): one part's run still merges."""
+    payload = msgspec.msgpack.encode(
+        wire.KVEventBatch(
+            ts=1.0,
+            events=[
+                wire.BlockRemoved(block_hashes=[2], medium="GPU"),
+                wire.BlockRemoved(block_hashes=[3], medium="GPU"),
+            ],
+        )
+    )
+    decoded = ingest_decoder().decode(payload).events
+    assert all(type(e) is not EntriesRemoved for e in decoded), "the decoder's own subclass"
+    events: list[StoreEvent] = [EntriesRemoved([1], "GPU", None), *decoded]
+    assert merged_removals(events) == [EntriesRemoved([1, 2, 3], "GPU", None)]
