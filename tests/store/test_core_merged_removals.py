@@ -59,18 +59,16 @@ def test_runs_of_removals_from_one_part_become_one_in_order() -> None:
     assert merged_removals(alone) is alone
 
 
+def _removals_payload(*hashes: list[int]) -> bytes:
+    """A vLLM batch of one BlockRemoved per list of `hashes`, all from the GPU."""
+    events = [wire.BlockRemoved(block_hashes=h, medium="GPU") for h in hashes]
+    return msgspec.msgpack.encode(wire.KVEventBatch(ts=1.0, events=events))
+
+
 def test_the_ingest_decoders_removals_are_merged() -> None:
     """The decoders' events are subclasses of the store's: a run of vLLM's one-block
     BlockRemoved events from a stream merges as the store's own events do."""
-    payload = msgspec.msgpack.encode(
-        wire.KVEventBatch(
-            ts=1.0,
-            events=[
-                wire.BlockRemoved(block_hashes=[1], medium="GPU"),
-                wire.BlockRemoved(block_hashes=[2], medium="GPU"),
-            ],
-        )
-    )
+    payload = _removals_payload([1], [2])
     for tokens in (False, True):
         events = ingest_decoder(tokens=tokens).decode(payload).events
         assert merged_removals(events) == [EntriesRemoved([1, 2], "GPU", None)]
@@ -155,16 +153,7 @@ def test_a_batch_with_merged_removals_leaves_what_each_removal_in_turn_leaves(
 def test_removals_of_one_part_merge_across_the_store_and_the_decoders_types() -> None:
     """A run of removals may mix the store's own type and the decoder's subclass (a batch
     read event by event, map- and array-encoded at once): one part's run still merges."""
-    payload = msgspec.msgpack.encode(
-        wire.KVEventBatch(
-            ts=1.0,
-            events=[
-                wire.BlockRemoved(block_hashes=[2], medium="GPU"),
-                wire.BlockRemoved(block_hashes=[3], medium="GPU"),
-            ],
-        )
-    )
-    decoded = ingest_decoder().decode(payload).events
+    decoded = ingest_decoder().decode(_removals_payload([2], [3])).events
     assert all(type(e) is not EntriesRemoved for e in decoded), "the decoder's own subclass"
     events: list[StoreEvent] = [EntriesRemoved([1], "GPU", None), *decoded]
     assert merged_removals(events) == [EntriesRemoved([1, 2, 3], "GPU", None)]
