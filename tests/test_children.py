@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.children import SETPRIV, tied
+from tests.children import tied
+from tests.redis_servers import require
 from tests.waiting import until_sync
 
 TESTS = Path(__file__).parent
@@ -59,10 +60,7 @@ def _orphan_after_kill(argv: list[str]) -> int:
 
 @pytest.mark.e2e
 def test_a_tied_process_ends_when_the_run_that_started_it_is_killed() -> None:
-    if SETPRIV is None and os.environ.get("CI"):
-        pytest.fail("needs util-linux's setpriv (required because CI is set)")
-    if SETPRIV is None:
-        pytest.skip("needs util-linux's setpriv")
+    require("setpriv")
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     untied = _orphan_after_kill(sleeper)
     tied_pid = _orphan_after_kill(tied(sleeper))

@@ -97,9 +97,8 @@ def test_every_event_the_decoders_make_carries_its_kind() -> None:
     for tokens in (False, True):
         events = ingest_decoder(tokens=tokens).decode(payload).events
         assert [e.kind for e in events] == [STORED, REMOVED, CLEARED]
-        assert [kinds[next(c for c in kinds if isinstance(e, c))] for e in events] == [
-            STORED, REMOVED, CLEARED,
-        ]  # fmt: skip
+        for event, cls in zip(events, kinds, strict=True):
+            assert isinstance(event, cls), (event, cls)
 
 
 def _events(drawn: list[tuple[str, tuple[str, int], list[int], int]]) -> list[StoreEvent]:
