@@ -91,24 +91,42 @@ def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
             await task
 
     # Held while the event loop is made: a stop raised inside its constructor leaves a
-    # half-made loop whose finalizer prints a traceback.
+    # half-made loop whose finalizer prints a traceback. Blocking them also runs the handler
+    # of a SIGTERM that came during start-up, if it has not run yet.
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
+        if _STOP_WHILE_STARTING.noted:
+            main.close()
+            return
         asyncio.run(until_signalled())
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
-def _stopped_while_starting(signum: int, _frame: object) -> None:
-    raise SystemExit(0)
+class StopWhileStarting:
+    """Notes a SIGTERM that comes while the command still imports and configures; the
+    command then ends, exit 0, where it would have started running. Raising from the handler
+    instead (SystemExit) lands inside whatever runs at that moment, and C code that calls
+    back into Python can replace it with an error of its own: CPython's import machinery
+    turned it into "TypeError: expected a message argument" and exit code 1."""
+
+    def __init__(self) -> None:
+        self.noted = False
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.noted = True
+
+
+_STOP_WHILE_STARTING = StopWhileStarting()
 
 
 @contextlib.contextmanager
 def startup_errors() -> Iterator[None]:
     """A StartupError is one line on stderr and exit code 2, without a traceback. A SIGTERM
     while the command still imports and configures (over a second on a busy node) is a
-    clean exit 0: nothing has started that needs stopping."""
-    before = signal.signal(signal.SIGTERM, _stopped_while_starting)
+    clean exit 0 once that is done: nothing has started that needs stopping."""
+    _STOP_WHILE_STARTING.noted = False
+    before = signal.signal(signal.SIGTERM, _STOP_WHILE_STARTING)
     try:
         yield
     except StartupError as exc:
