@@ -36,6 +36,12 @@ SOCKETS_KEPT = 16
 _NOBLOCK = int(zmq.NOBLOCK)
 """A plain int: pyzmq's flag enum would be combined and converted again on every read."""
 _POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+_get = zmq.Socket.get
+_recv = zmq.Socket.recv
+"""pyzmq's socket methods (its C ones: the Python class adds none of these), called
+unbound: the class defines `__getattr__` (socket options as attributes), which sends every
+attribute lookup on an instance down CPython's slow path."""
 
 
 def waiting_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
@@ -46,12 +52,12 @@ def waiting_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
     frames are read with the more-flag pyzmq reads in C (no Python-level RCVMORE query, with
     its option-enum conversion, each) and copied to bytes.
     """
-    if not cast(int, sock.get(zmq.EVENTS)) & _POLLIN:
+    if not cast(int, _get(sock, _EVENTS)) & _POLLIN:
         return None
-    frame = sock.recv(_NOBLOCK, copy=False)
+    frame = _recv(sock, _NOBLOCK, copy=False)
     frames = [frame.bytes]
     while frame.more:
-        frame = sock.recv(_NOBLOCK, copy=False)
+        frame = _recv(sock, _NOBLOCK, copy=False)
         frames.append(frame.bytes)
     return frames
 
