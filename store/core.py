@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Generic, TypeVar, cast
+from typing import Final, Generic, TypeVar, cast
+
+from msgspec.structs import astuple
 
 from kvsi.store.feed import ResidencyRow
 from kvsi.store.model import (
@@ -93,6 +95,10 @@ class WorkerIndex(Generic[P, R]):
         self._by_wire: dict[str | None, dict[int | None, P]] = {}
         """Parts by the (medium, group_idx) an event names, each of vLLM's unset values under
         what it means too: a store finds its part in two lookups, building no key."""
+        self._last: tuple[str | None, int | None, P] | None = None
+        """The (medium, group_idx) the last `part` call named, and its part: a worker's
+        events name one part, mostly, and comparing a short string costs less than hashing
+        it (a decoded medium is a new string each time)."""
         self.by_pid: dict[int, P] = {}
         self.residencies: dict[str, R] = {}
         """In the order of their last store (a store moves its residency to the end): the
@@ -118,10 +124,17 @@ class WorkerIndex(Generic[P, R]):
 
     def part(self, medium: str | None, group: int | None) -> P | None:
         """The part of an event's (medium, group_idx), vLLM's None meaning GPU and 0."""
+        last = self._last
+        if last is not None and last[0] == medium and last[1] == group:
+            return last[2]
         groups = self._by_wire.get(medium)
-        return None if groups is None else groups.get(group)
+        part = None if groups is None else groups.get(group)
+        if part is not None:
+            self._last = (medium, group, part)
+        return part
 
     def add_part(self, pid: int, medium: str, group: int) -> P:
+        self._last = None
         part = self.by_pid[pid] = self._new_part(pid, medium, group)
         for name in (medium, None, "") if medium == DEFAULT_MEDIUM else (medium,):
             groups = self._by_wire.setdefault(name, {})
@@ -217,7 +230,8 @@ class WorkerIndex(Generic[P, R]):
         entries, and a later store a second row."""
         rows = self._closed
         if self._changed:
-            rows += [ResidencyRow(r.session_id, r.added, r.removed, r.total) for r in self._changed]
+            row = ResidencyRow  # an imported name: looked up once here, not once a row
+            rows += [row(r.session_id, r.added, r.removed, r.total) for r in self._changed]
             self._changed = []
         self._closed = []
         return tuple(rows)
@@ -230,7 +244,7 @@ class WorkerIndex(Generic[P, R]):
         return gone
 
     def store(
-        self, event: EntriesStored, ts: float
+        self, fields: StoredFields, ts: float
     ) -> tuple[P, R | None, list[Hash], list[Hash], list[Hash] | None]:
         """Apply a store at engine time `ts`: the part gains the entries, the session's
         residency (moved to the end of the last-store order when `ts` is its latest) holds
@@ -243,15 +257,13 @@ class WorkerIndex(Generic[P, R]):
         of those the ones no session held before (adopted orphans; None if none)).
         """
         # The hot path of ingest: lookups are inlined rather than factored into helpers.
-        groups = self._by_wire.get(event.medium)
-        part = None if groups is None else groups.get(event.group_idx)
+        hashes, medium, group_idx, sid, parent, size, _ = fields
+        part = self.part(medium, group_idx)
         if part is None:
-            part = self.new_part(event.medium, event.group_idx)
-        hashes = event.block_hashes
+            part = self.new_part(medium, group_idx)
         if part.pending:
             self.confirm(part, hashes)
         holders = part.holders
-        sid = event.session_id
         if sid is None:
             new = list(dict.fromkeys(h for h in hashes if h not in holders))
             holders.update(dict.fromkeys(new))
@@ -271,11 +283,10 @@ class WorkerIndex(Generic[P, R]):
             self.lost_blocks -= lost
             self.lost_tokens -= lost * (res.block_size or 0)
             res.lost = 0
-        size = event.block_size
         if size is not None and size != res.block_size:
             res.block_size = size
         if hashes:  # the frontier moves (`Frontier`'s rules)
-            parent, last = event.parent_block_hash, hashes[-1]
+            last = hashes[-1]
             if parent is None:  # the store starts the prompt
                 res.position = len(hashes) - 1
             elif parent == res.frontier:  # the chain goes on
@@ -285,16 +296,13 @@ class WorkerIndex(Generic[P, R]):
                 res.position = None
             res.frontier = last
         adopted = None
-        if _none_held(holders, hashes):  # all new to the worker: the common case
-            before = len(holders)
-            for h in hashes:
-                holders[h] = res
-            n = len(holders) - before
-            added = fresh = hashes if n == len(hashes) else list(dict.fromkeys(hashes))
-        elif _holds_all(holders, res, hashes):  # a reuse report of what it holds
+        n = _hold_new(holders, res, hashes)
+        if n == len(hashes):  # all new to the worker: the common case
+            added = fresh = hashes
+        elif not n and _holds_all(holders, res, hashes):  # a reuse report of what it holds
             return part, res, [], [], None
         else:
-            added, fresh, adopted = _hold_each(holders, res, hashes)
+            added, fresh, adopted = _hold_each(holders, res, hashes, n)
             n = len(added)
         if n:
             if not res.total:
@@ -313,12 +321,12 @@ class WorkerIndex(Generic[P, R]):
             res.added += n
         return part, res, added, fresh, adopted
 
-    def link(self, event: EntriesStored) -> list[tuple[int, Edge]]:
+    def link(self, fields: StoredFields) -> list[tuple[int, Edge]]:
         """Dynamo's edges of a store's blocks (after `store`), if it names their tokens."""
-        tokens = event.tokens_hashes
+        hashes, _, _, _, parent, _, tokens = fields
         if not tokens:
             return []
-        return self.tokens.link(event.parent_block_hash, event.block_hashes, tokens)
+        return self.tokens.link(parent, hashes, tokens)
 
     def remove(self, part: Part, hashes: Collection[Hash], *, lost: bool) -> Removed:
         """Entries leave the worker and their sessions, as lost blocks of those sessions
@@ -326,18 +334,36 @@ class WorkerIndex(Generic[P, R]):
         those no part holds any more go too (`Removed.unlinked`)."""
         holders = part.holders
         popped: list[Holders | bool] = []
-        losers: dict[Residency, int] = {}  # entries each residency loses
+        losers: list[Residency] = []  # in order of first loss, each counting its `dropping`
         for h in hashes:
-            cur = holders.pop(h, False)
+            cur = _pop(holders, h, False)
             popped.append(cur)
             if isinstance(cur, Residency):
-                losers[cur] = losers.get(cur, 0) + 1
+                if not cur.dropping:
+                    losers.append(cur)
+                cur.dropping += 1
             elif isinstance(cur, set):
                 for res in cur:
-                    losers[res] = losers.get(res, 0) + 1
-        pid, batch = part.pid, self._batch
-        hurt = blocks = tokens = 0  # `_lose` of each residency, summed
-        for res, n in losers.items():
+                    if not res.dropping:
+                        losers.append(res)
+                    res.dropping += 1
+        try:
+            self._drop(losers, part.pid, lost=lost)
+        finally:
+            for res in losers:
+                res.dropping = 0
+        out = Removed(hashes, popped)
+        if self.tokens.edge:
+            out.unlinked = self.tokens.unlink(hashes, self.holds)
+        return out
+
+    def _drop(self, losers: list[Residency], pid: int, *, lost: bool) -> None:
+        """Each of `losers` loses its `dropping` entries of part `pid`; the worker's loss
+        sums count them (`_lose` of each, summed)."""
+        batch = self._batch
+        hurt = blocks = tokens = 0
+        for res in losers:
+            n = res.dropping
             if pid:
                 _uncount_other(res.in_others, pid, n)
             else:
@@ -362,10 +388,6 @@ class WorkerIndex(Generic[P, R]):
             self.hurt += hurt
             self.lost_blocks += blocks
             self.lost_tokens += tokens
-        out = Removed(hashes, popped)
-        if self.tokens.edge:
-            out.unlinked = self.tokens.unlink(hashes, self.holds)
-        return out
 
     def clear(self) -> list[tuple[R, list[int]]]:
         """Every entry gone (the engine's cache emptied: a restart, `WorkerCleared`, a worker
@@ -475,9 +497,37 @@ class WorkerIndex(Generic[P, R]):
         return out
 
 
-def _none_held(holders: dict[Hash, Holders], hashes: list[Hash]) -> bool:
-    """Whether none of `hashes` is on the worker (one look each, compiled to C calls)."""
-    return all(h not in holders for h in hashes)
+_pop: Final = dict.pop
+"""`dict.pop`, looked up once: compiled, `holders.pop(h, False)` looks the method up on
+every call."""
+_astuple: Final = astuple
+"""A static of the compiled module: an imported name is looked up in its globals on every
+call."""
+
+StoredFields = tuple[
+    list[Hash], str | None, int | None, str | None, Hash | None, int | None, list[int] | None
+]
+"""`EntriesStored`'s fields, in its order."""
+
+
+def stored_fields(event: EntriesStored) -> StoredFields:
+    """A store's fields in one C call: compiled code reads each attribute of a Struct
+    through the generic attribute lookup."""
+    return cast(StoredFields, _astuple(event))
+
+
+def _hold_new(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]) -> int:
+    """`res` holds `hashes` for as long as each is new to the worker (a `setdefault` each:
+    the look and the insert in one C call); returns how many were."""
+    size = len(holders)
+    held = 0
+    for h in hashes:
+        holders.setdefault(h, res)
+        if len(holders) == size:
+            return held
+        size += 1
+        held += 1
+    return held
 
 
 def _holds_all(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]) -> bool:
@@ -492,13 +542,15 @@ def _holds_all(holders: dict[Hash, Holders], res: Residency, hashes: list[Hash])
 
 
 def _hold_each(
-    holders: dict[Hash, Holders], res: Residency, hashes: list[Hash]
+    holders: dict[Hash, Holders], res: Residency, hashes: list[Hash], new: int
 ) -> tuple[list[Hash], list[Hash], list[Hash] | None]:
-    """`store` when some hashes are on the worker already: one look per hash."""
-    added: list[Hash] = []
-    fresh: list[Hash] = []
+    """`store` when some hashes were on the worker already (the first `new` were not, and
+    are held): one look per hash from there on."""
+    fresh = hashes[:new]
+    added = hashes[:new]
     adopted: list[Hash] | None = None
-    for h in hashes:
+    for i in range(new, len(hashes)):
+        h = hashes[i]
         cur = holders.get(h, ABSENT)
         if cur is ABSENT:
             holders[h] = res

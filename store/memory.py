@@ -12,11 +12,11 @@ import heapq
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import cast
+from typing import Final, cast
 
 from mypy_extensions import mypyc_attr
 
-from kvsi.store.core import WorkerIndex, merged_removals
+from kvsi.store.core import WorkerIndex, merged_removals, stored_fields
 from kvsi.store.feed import FeedHub, FeedRecord, WorkerChange
 from kvsi.store.first_blocks import FirstBlocks
 from kvsi.store.model import (
@@ -58,6 +58,14 @@ EXPIRE_CHUNK = 1_000
 FIRST_BLOCKS_PER_PASS = 50_000
 """First blocks each `expire_sessions` pass looks at (a walk of the directory spans passes),
 EXPIRE_CHUNK at a time between two yields."""
+
+
+_DUPLICATE: Final = ApplyOutcome.DUPLICATE
+_PREVIOUS_ENGINE: Final = ApplyOutcome.PREVIOUS_ENGINE
+_RESTARTED: Final = ApplyOutcome.RESTARTED
+_now: Final = time.time
+"""Statics of the compiled module, for `apply_now`: an enum member or a module's function
+is otherwise looked up by name on every batch."""
 
 
 class _Session:
@@ -169,22 +177,23 @@ class MemoryStore:
                 raise IndexLostError(worker, None if stored is None else stored.seq, expect)
         w = self._worker(worker)
         index = w.index
-        outcome = decide(index.fence, batch.seq, batch.ts)
-        if outcome is ApplyOutcome.DUPLICATE or outcome is ApplyOutcome.PREVIOUS_ENGINE:
+        seq, ts = batch.seq, batch.ts
+        outcome = decide(index.fence, seq, ts)
+        if outcome is _DUPLICATE or outcome is _PREVIOUS_ENGINE:
             return outcome
         index.begin()
         try:
-            if outcome is ApplyOutcome.RESTARTED:
+            if outcome is _RESTARTED:
                 index.clear()
-            self._apply_events(w, batch.events, batch.ts)
+            self._apply_events(w, batch.events, ts)
         except BaseException:
             # What it changed before raising is fed all the same: the feed's readers follow
             # the index (ingest gives such a batch up and goes on with the next).
-            self._publish(w, batch.ts, losses=True)
+            self._publish(w, ts, losses=True)
             raise
-        index.fence = advance(index.fence, outcome, batch.seq, batch.ts)
-        w.last_event_at = time.time()
-        self._publish(w, batch.ts, losses=True)
+        index.fence = advance(index.fence, outcome, seq, ts)
+        w.last_event_at = _now()
+        self._publish(w, ts, losses=True)
         return outcome
 
     def _apply_events(self, w: _Worker, events: list[StoreEvent], ts: float) -> None:
@@ -194,12 +203,13 @@ class MemoryStore:
         for event in merged_removals(events):
             kind = event.kind
             if kind == STORED:
-                stored = cast(EntriesStored, event)
-                index.store(stored, ts)
-                if stored.tokens_hashes:
-                    index.link(stored)
-                if stored.parent_block_hash is None and stored.block_hashes:
-                    note_first(stored.block_hashes[0], key)
+                fields = stored_fields(cast(EntriesStored, event))
+                index.store(fields, ts)
+                hashes, _, _, _, parent, _, tokens = fields
+                if tokens:
+                    index.link(fields)
+                if parent is None and hashes:
+                    note_first(hashes[0], key)
             elif kind == REMOVED:
                 removed = cast(EntriesRemoved, event)
                 part = index.part(removed.medium, removed.group_idx)

@@ -35,6 +35,7 @@ class Residency:
         "added",
         "batch",
         "block_size",
+        "dropping",
         "frontier",
         "in_first",
         "in_others",
@@ -66,6 +67,8 @@ class Residency:
         """The write `added` and `removed` count for (the change feed's per-write delta)."""
         self.added = 0
         self.removed = 0
+        self.dropping = 0
+        """Entries the removal in progress takes from it (`WorkerIndex.remove`); 0 outside."""
 
     def counts(self) -> dict[int, int]:
         """Entries held per part id, the parts holding none left out."""

@@ -22,7 +22,7 @@ from typing import cast
 
 import msgspec
 
-from kvsi.store.core import WorkerIndex, merged_removals
+from kvsi.store.core import StoredFields, WorkerIndex, merged_removals, stored_fields
 from kvsi.store.feed import FeedRecord
 from kvsi.store.model import (
     REMOVED,
@@ -239,15 +239,17 @@ class Mirror:
         touched: dict[str, MirrorResidency],
     ) -> None:
         index = self.index
-        part = index.part(event.medium, event.group_idx)
+        fields = stored_fields(event)
+        hashes, medium, group_idx, _, _, _, tokens = fields
+        part = index.part(medium, group_idx)
         if part is None:
-            part = index.new_part(event.medium, event.group_idx)
+            part = index.new_part(medium, group_idx)
             plan.call(HSET, self.keys.parts, [part.pid, encode_part(part.medium, part.group)])
         if part.pending:
-            self._confirm_in(plan, part, event.block_hashes)
-        part, res, added, fresh, adopted = index.store(event, ts)
-        if event.tokens_hashes:
-            self._link_in(plan, event)
+            self._confirm_in(plan, part, hashes)
+        part, res, added, fresh, adopted = index.store(fields, ts)
+        if tokens:
+            self._link_in(plan, fields)
         if res is None:
             if added:
                 plan.set_indexed(part.orphans_key, part.entry_base, members(added), into=True)
@@ -268,9 +270,9 @@ class Mirror:
             elif fresh:
                 plan.index(part.entry_base, members(fresh), into=True)
 
-    def _link_in(self, plan: Plan, event: EntriesStored) -> None:
+    def _link_in(self, plan: Plan, fields: StoredFields) -> None:
         """Dynamo's edges a store adds (store/tokens.py), into the worker's edge hash."""
-        linked = self.index.link(event)
+        linked = self.index.link(fields)
         if linked:
             args: list[Arg] = []
             for h, key in linked:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsi.store.core import WorkerIndex
+from kvsi.store.core import WorkerIndex, stored_fields
 from kvsi.store.model import EntriesStored
 from kvsi.store.records import Part, Residency
 
@@ -22,6 +22,6 @@ def test_missing_is_what_no_part_holds(gpu: list[int], cpu: list[int], asked: li
     index: WorkerIndex[Part, Residency] = WorkerIndex(Part, Residency)
     for medium, hashes in (("GPU", gpu), ("CPU", cpu)):
         index.begin()
-        index.store(EntriesStored(hashes, medium, 0, "sess-1", 16), 1.0)
+        index.store(stored_fields(EntriesStored(hashes, medium, 0, "sess-1", 16)), 1.0)
     assert index.missing(asked) == {h for h in asked if not index.holds(h)}
     assert index.missing(asked) == set(asked) - set(gpu) - set(cpu)
