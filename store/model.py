@@ -91,6 +91,9 @@ class WorkerCleared(msgspec.Struct, frozen=True, gc=False):
 
     kind: ClassVar[int] = CLEARED
     """See `EntriesStored.kind`."""
+    block_hashes: ClassVar[tuple[Hash, ...]] = ()
+    """It names no block (every entry goes, named or not): a count of the blocks events name
+    reads each event's `block_hashes` without asking its kind first."""
 
 
 StoreEvent = EntriesStored | EntriesRemoved | WorkerCleared

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
 
 import structlog
 from structlog.typing import FilteringBoundLogger
@@ -21,8 +20,6 @@ from kvsi.store.model import (
     CLEARED,
     ApplyOutcome,
     Batch,
-    EntriesRemoved,
-    EntriesStored,
     IndexLostError,
     StoreEvent,
     WorkerKey,
@@ -49,9 +46,6 @@ from kvsi.subscriber.replay import ReplayClient, ReplayFailedError, ReplayReport
 from kvsi.subscriber.sockets import ResourceError
 
 log = structlog.get_logger(__name__)
-
-_NamesBlocks = EntriesStored | EntriesRemoved
-"""The events that name block hashes (every other is WorkerCleared)."""
 
 RUN_MAX = 16
 """Most live batches handed to the store at once: the messages held back to back that
@@ -460,8 +454,7 @@ def _block_events(batch: Batch) -> int:
     """Block hashes the batch names (stored plus removed), for `kvsi_block_events_total`."""
     count = 0
     for event in batch.events:
-        if event.kind != CLEARED:  # not isinstance: see EntriesStored.kind
-            count += len(cast(_NamesBlocks, event).block_hashes)
+        count += len(event.block_hashes)
     return count
 
 
