@@ -18,6 +18,8 @@ payloads loaded and every subscription connected) and dumps them when it calls
 (yielding to the loop, no timer) until each is applied, so every message takes a wake-up of
 its own, as a fleet's publishers at agentic rates do (route_latency.py's shape); `burst`
 sends every message first, as `stream_ingest.py` does (a backlog: drains of up to 512).
+`apply` (not in the default) counts the decode and apply alone, `ingest_memory.py`'s loop
+without the stream; `--batches 4000` takes the `small` shape past its first evictions.
 The payloads (`ingest_memory.py`'s) are built here and handed to the child in a file.
 About a minute per child.
 """
@@ -38,7 +40,34 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def _decode_and_apply(workload: list[list[bytes]]) -> None:
+    """`ingest_memory.py`'s loop, no stream: each pod's batches read by the ingest decoder
+    and applied to one memory store (its first batch before the count, as in the stream)."""
+    from kvsi.store.memory import MemoryStore
+    from kvsi.store.model import Batch, WorkerKey
+    from kvsi.subscriber.decode import ingest_decoder
+
+    decoder = ingest_decoder()
+    store = MemoryStore()
+    keys = [WorkerKey(f"pod-{pod}", 0) for pod in range(len(workload))]
+
+    def apply(key: WorkerKey, seq: int, payload: bytes) -> None:
+        decoded = decoder.decode(payload)
+        store.apply_now(key, Batch(seq, decoded.ts, decoded.events))
+
+    for key, payloads in zip(keys, workload, strict=True):
+        apply(key, 0, payloads[0])
+    os.getpgrp()  # callgrind: --zero-before=getpgrp
+    for key, payloads in zip(keys, workload, strict=True):
+        for seq in range(1, len(payloads)):
+            apply(key, seq, payloads[seq])
+    os.getppid()  # callgrind: --dump-before=getppid
+
+
 def _child(args: argparse.Namespace) -> None:
+    if args.pace == "apply":
+        _decode_and_apply(pickle.loads(Path(args.child).read_bytes()))
+        return
     import structlog
     import zmq
     import zmq.asyncio
