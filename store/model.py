@@ -107,7 +107,7 @@ class Batch(msgspec.Struct, gc=False):
     events: list[StoreEvent]
 
 
-class Fence(msgspec.Struct, frozen=True):
+class Fence(msgspec.Struct, frozen=True, gc=False):
     """Where a worker's stream stands: the last applied seq and the engine epoch it belongs to.
 
     `epoch_ts` is the engine timestamp of the first batch applied after the last restart;
@@ -145,8 +145,9 @@ def decide(fence: Fence | None, seq: int, ts: float) -> ApplyOutcome:
 def advance(fence: Fence | None, outcome: ApplyOutcome, seq: int, ts: float) -> Fence:
     """The fence after applying a batch with `outcome` (only for APPLIED and RESTARTED)."""
     if fence is None or outcome is ApplyOutcome.RESTARTED:
-        return Fence(seq=seq, epoch_ts=ts, last_ts=ts)
-    return Fence(seq=seq, epoch_ts=fence.epoch_ts, last_ts=max(ts, fence.last_ts))
+        return Fence(seq, ts, ts)  # (seq, epoch_ts, last_ts): three times a batch, positional
+    last = fence.last_ts
+    return Fence(seq, fence.epoch_ts, last if last > ts else ts)  # max(ts, last), inlined
 
 
 def fell_behind(stored: Fence | None, expected: Fence | None) -> bool:
