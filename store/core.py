@@ -335,19 +335,19 @@ class WorkerIndex(Generic[P, R]):
         holders = part.holders
         popped: list[Holders | bool] = []
         losers: list[Residency] = []  # in order of first loss, each counting its `dropping`
-        for h in hashes:
-            cur = _pop(holders, h, False)
-            popped.append(cur)
-            if isinstance(cur, Residency):
-                if not cur.dropping:
-                    losers.append(cur)
-                cur.dropping += 1
-            elif isinstance(cur, set):
-                for res in cur:
-                    if not res.dropping:
-                        losers.append(res)
-                    res.dropping += 1
         try:
+            for h in hashes:
+                cur = _pop(holders, h, False)
+                popped.append(cur)
+                if isinstance(cur, Residency):
+                    if not cur.dropping:
+                        losers.append(cur)
+                    cur.dropping += 1
+                elif isinstance(cur, set):
+                    for res in cur:
+                        if not res.dropping:
+                            losers.append(res)
+                        res.dropping += 1
             self._drop(losers, part.pid, lost=lost)
         finally:
             for res in losers:

@@ -84,3 +84,21 @@ def test_a_removal_that_fails_part_way_leaves_no_count_behind() -> None:
     with pytest.raises(KeyError):
         index.remove(part, [1, 3], lost=True)
     assert [res.dropping for res in index.residencies.values()] == [0, 0]
+
+
+def test_a_removal_that_fails_while_it_counts_leaves_no_count_behind() -> None:
+    """The same when a hash itself fails (not an int or bytes: compiled, a TypeError) after
+    some entries were counted: a later removal still takes its entries from the session."""
+    index: WorkerIndex[Part, Residency] = WorkerIndex(Part, Residency)
+    index.begin()
+    index.store(stored_fields(EntriesStored([1, 2, 3], "GPU", 0, "sess-a", None, 16)), 1.0)
+    part = index.part("GPU", 0)
+    assert part is not None
+    bad: list[object] = [1, ["not", "a", "hash"]]
+    with pytest.raises(TypeError):
+        index.remove(part, bad, lost=True)  # type: ignore[arg-type]
+    res = index.residencies["sess-a"]
+    assert res.dropping == 0
+    total = res.total  # the failed removal's counts are not settled (as before `dropping`)
+    index.remove(part, [2], lost=True)
+    assert (total - res.total, res.lost, res.dropping) == (1, 1, 0)
