@@ -40,6 +40,11 @@ log = structlog.get_logger(__name__)
 ANNOTATION = "kv-session-index/"
 """Prefix of the pod annotations that override DiscoveryConfig's ports and DP size."""
 
+HANDOVER_BEATS = 2
+"""Beats after this replica's view of the replicas changed when its streams store their
+workers' statuses again: by then every replica has seen the same view and released the pods
+it lost, and a follower that released one may have written its status over the owner's
+while both followed it (last writer wins)."""
 EVENT_QUEUE = 1_000
 """Pod events held between the watch and the planner: the watch waits when it is full (the
 API server buffers), so a slow store cannot make this grow."""
@@ -341,14 +346,21 @@ async def run_discovery(
     )
     events: asyncio.Queue[PodSnapshot | PodEvent] = asyncio.Queue(maxsize=EVENT_QUEUE)
     pump = asyncio.create_task(_pump(source, events), name="discovery-watch")
+    restatus_at: float | None = None
+    """When the streams store their statuses again after a handover (`HANDOVER_BEATS`)."""
     try:
         while True:
             if beat is not None:
-                view = await beat.beat_if_due(time.monotonic())
+                now = time.monotonic()
+                view = await beat.beat_if_due(now)
                 if view is not None:
                     await _apply(
                         assignment.on_view(view, planner.running), assignment, pool, config
                     )
+                    restatus_at = now + HANDOVER_BEATS * beat.beat_seconds
+                elif restatus_at is not None and now >= restatus_at:
+                    restatus_at = None
+                    pool.restatus()
             await _apply(
                 assignment.on_fleet(planner.expire(time.monotonic())), assignment, pool, config
             )
