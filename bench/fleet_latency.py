@@ -48,6 +48,7 @@ from route_latency import (
     point_cells,
     service,
     settled,
+    stalls_line,
     until_built,
 )
 
@@ -413,14 +414,6 @@ def slow_line(r: dict[str, Any]) -> str:
         for name, ms in sorted(r["slow_commands"].items(), key=lambda kv: -max(kv[1]))
     )
     return f"    commands over {SLOW_MICROSECONDS / 1000:g} ms on the shards: {named or 'none'}"
-
-
-def stalls_line(r: dict[str, Any]) -> str:
-    """The longest bursts of answers over the p99 target: when, how many, how long."""
-    bursts = ", ".join(
-        f"{b['at_s']:.1f} s ({b['answers']:g}, {b['max_ms']:.0f} ms)" for b in r["stalls"]
-    )
-    return f"    stalls (at, answers over 15 ms, longest): {bursts or 'none'}"
 
 
 def redis_line(r: dict[str, Any]) -> str:

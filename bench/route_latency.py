@@ -56,6 +56,9 @@ TOKENS = list(range(BLOCKS_PER_STORE * 16))
 the ingest decoder."""
 PACE_SECONDS = 0.005
 """The publishers send what is due every this often: 4 batches a time at 50,000/s."""
+LATE_SECONDS = 0.02
+"""Publishers behind their pace by more than this are reported (a burst of the fleet)."""
+MAX_LATE = 5
 QUOTA_PERIOD_US = 2_000
 """The CFS period of `--cpu-quota`: the service runs at most its share of each 2 ms, so a
 throttle adds at most ~1 ms to a request's wait at half a core (below half, the period
@@ -117,6 +120,9 @@ class Fleet:
         """The last block each steady session stored: the parent of its next store."""
         self._next = 0
         self.block_events = 0
+        self.late: list[tuple[float, float]] = []
+        """When (time.monotonic()) and how far (s) the publishers ran behind their pace by
+        more than LATE_SECONDS: what they then sent at once, a burst of the fleet."""
 
     async def start(self) -> None:
         for pub in self.pubs:
@@ -154,6 +160,8 @@ class Fleet:
         sent = 0
         while True:
             due = rate * (time.monotonic() - started)
+            if due - sent > LATE_SECONDS * rate:
+                self.late.append((time.monotonic(), (due - sent) / rate))
             while sent < due:
                 sent += await self._publish_next()
             await asyncio.sleep(PACE_SECONDS)
@@ -278,6 +286,8 @@ async def measure(
     total = int(rps * args.duration)
     requests = load_requests(port, args.sessions, len(fleet.pubs), min(total, 20_000))
     published = fleet.block_events
+    fleet.late.clear()
+    started = time.monotonic()
     cpu = time.process_time()
     children = _children_cpu()
     before = await asyncio.to_thread(sample, bases, redis_port)
@@ -295,6 +305,10 @@ async def measure(
     wall = after.at - before.at
     report["ingest_applied"] = (after.block_events - before.block_events) / wall
     report["ingest_published"] = (fleet.block_events - published) / wall
+    report["publishers_late"] = [
+        {"at_s": at - started, "ms": late * 1000}
+        for at, late in sorted(fleet.late, key=lambda e: -e[1])[:MAX_LATE]
+    ]
     report["batches_lost"] = after.lost - before.lost
     report["full_gcs"] = after.full_gcs - before.full_gcs
     report["cpu"] = {
@@ -440,6 +454,7 @@ async def run(args: argparse.Namespace, store: str, redis_port: int | None) -> l
                         report = await measure(args, fleet, bases, port, rps, redis_port)
                         report |= {"rps": rps, "run": n + 1}
                         print(line(report), flush=True)
+                        print(stalls_line(report), flush=True)
                         for kind in report["kinds"].values():
                             for why, body in kind["error_examples"].items():
                                 print(f"    {why}: {body}", flush=True)
@@ -465,6 +480,19 @@ def line(r: dict[str, Any]) -> str:
         f"ingest={r['ingest_applied']:,.0f}/s (published {r['ingest_published']:,.0f}/s, "
         f"lost {r['batches_lost']:g})  full-gc={r['full_gcs']:g}  "
         f"send-lag-p99={r['send_lag_p99_ms']:.2f} ms queued<={r['max_queued']}  cpu {cpu}"
+    )
+
+
+def stalls_line(r: dict[str, Any]) -> str:
+    """The longest bursts of answers over the p99 target: when, how many, how long; and
+    when the publishers ran late (a burst of the fleet followed)."""
+    bursts = ", ".join(
+        f"{b['at_s']:.1f} s ({b['answers']:g}, {b['max_ms']:.0f} ms)" for b in r["stalls"]
+    )
+    late = ", ".join(f"{e['at_s']:.1f} s ({e['ms']:.0f} ms)" for e in r["publishers_late"])
+    return (
+        f"    stalls (at, answers over 15 ms, longest): {bursts or 'none'}; "
+        f"publishers late (at, by): {late or 'never'}"
     )
 
 

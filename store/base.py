@@ -38,6 +38,13 @@ class IndexWriter(Protocol):
     """Ingest's side: batches applied under each worker's fence, worker status, and the
     index's own upkeep (the stale policy, idle sessions, gone workers)."""
 
+    @property
+    def applies_inline(self) -> bool:
+        """Whether `apply` and `apply_many` do their work without suspending (the memory
+        store): ingest then calls them in turns of the event loop it shares with the API
+        (subscriber/turns.py), where a store that awaits I/O gives the loop back itself."""
+        ...
+
     async def apply(
         self, worker: WorkerKey, batch: Batch, expect: Fence | None = None
     ) -> ApplyOutcome:

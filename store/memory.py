@@ -12,7 +12,7 @@ import heapq
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Final, cast
+from typing import ClassVar, Final, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -137,6 +137,8 @@ class _Worker:
 @mypyc_attr(allow_interpreted_subclasses=True)  # test doubles and wrappers extend it
 class MemoryStore:
     """IndexStore in process memory; the embedded default."""
+
+    applies_inline: ClassVar[bool] = True
 
     def __init__(self, feed: FeedHub | None = None) -> None:
         self._workers: dict[WorkerKey, _Worker] = {}

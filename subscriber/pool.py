@@ -16,6 +16,7 @@ from kvsi.store.base import IndexStore
 from kvsi.subscriber.gate import StoreGate
 from kvsi.subscriber.sockets import StreamRoom, ingest_needs, room_for, sized_context
 from kvsi.subscriber.stream import IngestOptions, PublisherSpec, WorkerStream
+from kvsi.subscriber.turns import TURN_SECONDS, Turns
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +33,9 @@ class StreamPool:
         options = options or IngestOptions()
         self._ctx, self.room = _sized(len(specs), options)
         self.gate = StoreGate(store, retry_max_seconds=options.store_retry_max)
+        self.turns = Turns(TURN_SECONDS if store.applies_inline else None)
+        """When the streams apply and replay (turns.py): in turns of the event loop where the
+        store's apply holds it (the memory store's)."""
         # One bound for the process: a fleet that reconnects at once must not flood its
         # engines (and the store) with replays.
         self._options = options
@@ -47,6 +51,7 @@ class StreamPool:
             options=self._options,
             replay_limit=self._replays,
             room=self.room,
+            turns=self.turns,
         )
 
     def _run(self, stream: WorkerStream) -> None:

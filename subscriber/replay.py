@@ -19,12 +19,16 @@ from kvsi.subscriber import metrics
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.framing import ReplayEnd, parse_reply, replay_request
 from kvsi.subscriber.sockets import socket_failure, waiting_message
+from kvsi.subscriber.turns import Turns
 
 log = structlog.get_logger(__name__)
 
 YIELD_EVERY = 64
 """Replies read without waiting between two turns given back to the event loop: a long
-replay whose batches are already here must not hold the other streams and the API."""
+replay whose batches are already here must not hold the other streams and the API (the
+process's turns, turns.py, decide whether it goes on in the next turn or waits its own)."""
+
+_clock = time.perf_counter
 
 Deliver = Callable[[int, bytes], Awaitable[bool]]
 """Takes one replayed batch (seq, payload) in seq order; False stops the replay early."""
@@ -82,13 +86,16 @@ class ReplayClient:
         attempts: int,
         limit: asyncio.Semaphore,
         on_drop: Callable[[DropReason], None],
+        turns: Turns | None = None,
     ) -> None:
+        """`turns`: when the process's streams apply (None: at once)."""
         if attempts < 1:
             raise ValueError(f"replay attempts must be >= 1, got {attempts}")
         self.endpoint = endpoint
         self._ctx = ctx
         self._timeout = timeout
         self._attempts = attempts
+        self._turns = turns or Turns(None)
         self._limit = limit
         self._on_drop = on_drop
 
@@ -134,6 +141,17 @@ class ReplayClient:
             report.seconds = time.perf_counter() - began
             metrics.REPLAY_SECONDS.observe(report.seconds)
 
+    async def _turn(self, since: float) -> float:
+        """The time this replay spent since `since`, then a turn of the loop given back: the
+        next one, or this replay's among those waiting (turns.py). Returns when it goes on."""
+        turns = self._turns
+        turns.spend(_clock() - since)
+        if turns.open():
+            await asyncio.sleep(0)
+        else:
+            await turns.wait()
+        return _clock()
+
     async def _attempt(self, report: ReplayReport, deliver: Deliver) -> None:
         expected = report.start if report.last_seq is None else report.last_seq + 1
         try:
@@ -153,15 +171,17 @@ class ReplayClient:
             await sock.send_multipart(replay_request(expected))
             first = True
             unyielded = 0
+            since = _clock()
             while True:
                 frames = waiting_message(plain)
                 if frames is not None:
                     unyielded += 1
                     if unyielded >= YIELD_EVERY:
                         unyielded = 0
-                        await asyncio.sleep(0)
+                        since = await self._turn(since)
                 else:
                     unyielded = 0
+                    self._turns.spend(_clock() - since)
                     try:
                         async with asyncio.timeout(self._timeout):
                             frames = await sock.recv_multipart()
@@ -170,6 +190,9 @@ class ReplayClient:
                             "timeout",
                             f"no reply within {self._timeout:g}s after seq {expected - 1}",
                         ) from None
+                    if not self._turns.open():
+                        await self._turns.wait()
+                    since = _clock()
                 parsed = parse_reply(frames)
                 if isinstance(parsed, ReplayEnd):
                     return

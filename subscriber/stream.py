@@ -33,6 +33,7 @@ from kvsi.subscriber.receiver import Receiver
 from kvsi.subscriber.replay import ReplayClient
 from kvsi.subscriber.sockets import ResourceError, StreamRoom, open_live
 from kvsi.subscriber.topic import model_of_topic
+from kvsi.subscriber.turns import Turns
 
 RESOURCE_RETRY_SECONDS = 0.1
 """First pause before a stream tries again to open a socket a resource limit refused."""
@@ -41,8 +42,12 @@ RESOURCE_RETRY_MAX_SECONDS = 5.0
 """Longest pause between those tries: a freed socket or descriptor is used within this."""
 
 YIELD_EVERY = 64
-"""Messages applied back to back before the applier yields: draining a full inbox into the
-memory store never suspends, and must not starve the receiver, other streams or the API."""
+"""Messages applied back to back before the applier yields: draining a full inbox into a
+store that never suspends must not starve the receiver, other streams or the API. Where
+the process's turns have a budget (turns.py), they bound it instead, for every stream at
+once."""
+
+_clock = time.perf_counter
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,12 @@ class WorkerStream:
         options: IngestOptions | None = None,
         replay_limit: asyncio.Semaphore | None = None,
         room: StreamRoom | None = None,
+        turns: Turns | None = None,
     ) -> None:
-        """`room`: the process's budget of streams (None: not counted)."""
+        """`room`: the process's budget of streams (None: not counted). `turns`: when the
+        process's streams apply (None: at once)."""
         self.spec = spec
+        self._turns = turns or Turns(None)
         self._gate = gate
         self._ctx = ctx
         self._room = room
@@ -133,6 +141,7 @@ class WorkerStream:
             attempts=options.replay_attempts,
             limit=limit or asyncio.Semaphore(options.max_concurrent_replays),
             on_drop=lambda reason: self._applier.drop(reason),
+            turns=self._turns,
         )
 
     @property
@@ -237,6 +246,8 @@ class WorkerStream:
         health = self.health
         applier = self._applier
         order = applier.order
+        turns = self._turns
+        held = False  # let go by the turns, and applying without a pause since
         since_yield = 0
         while True:
             if self._audit_due:
@@ -253,6 +264,8 @@ class WorkerStream:
                 self._busy_since = None
                 health.repairing(None)
                 continue
+            if not len(inbox):
+                held = False  # it pauses: its next message waits in line
             wait = health.seconds_to_stale_drop()
             if wait is None:
                 item = await inbox.get()
@@ -265,17 +278,24 @@ class WorkerStream:
             if item is None:
                 continue
             self._busy_since = item[0]
+            self._holding = 1
+            if not turns.open(held):
+                await turns.wait()
+                held = True
+            started = _clock()
             messages = [item[1]]
             if len(inbox) and order.may_group:
                 messages += inbox.take(RUN_MAX - 1)
             self._holding = len(messages)
             await applier.on_live(messages)
+            turns.spend(_clock() - started)
             since_yield += self._holding
             self._busy_since = None
             self._holding = 0
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
-                await asyncio.sleep(0)
+                if not turns.bounded:
+                    await asyncio.sleep(0)
 
     async def _watch_connection(self, monitor: zmq.asyncio.Socket) -> None:
         """Socket connects and disconnects become worker status; a connect triggers a resync."""

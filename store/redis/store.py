@@ -16,7 +16,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
@@ -203,6 +203,8 @@ class _Writer:
 
 class RedisStore(RedisReader, RedisInstances):
     """IndexStore on Redis (`redis://`, `rediss://`) or Redis Cluster (`redis[s]+cluster://`)."""
+
+    applies_inline: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -57,6 +57,11 @@ class RecordingStore:
 
         return checked
 
+    @property
+    def applies_inline(self) -> bool:
+        """The memory store's: a `delay` suspends, but turns only order the applies."""
+        return self.inner.applies_inline
+
     def seqs(self, worker: WorkerKey) -> list[int]:
         """Seqs of the batches the worker's applies carried, in call order."""
         return [seq for w, seq, _ in self.applied if w == worker]
