@@ -59,6 +59,7 @@ PACE_SECONDS = 0.005
 LATE_SECONDS = 0.02
 """Publishers behind their pace by more than this are reported (a burst of the fleet)."""
 MAX_LATE = 5
+"""Most publisher delays reported per point, the longest first."""
 QUOTA_PERIOD_US = 2_000
 """The CFS period of `--cpu-quota`: the service runs at most its share of each 2 ms, so a
 throttle adds at most ~1 ms to a request's wait at half a core (below half, the period

@@ -1,8 +1,8 @@
 """All publisher streams of this process, started and stopped together.
 
 Imports zmq and the store contract; never the API. The streams share one ZMQ context (sized
-for the fleet, see sockets.py), one store gate (one view of the store's availability) and
-one bound on concurrent replays.
+for the fleet, see sockets.py), one store gate (one view of the store's availability), one
+bound on concurrent replays and, where the store applies inline, one `Turns` (turns.py).
 """
 
 from __future__ import annotations

@@ -250,12 +250,8 @@ class WorkerStream:
         held = False  # let go by the turns, and applying without a pause since
         since_yield = 0
         while True:
-            if self._audit_due:
-                await self._audit()
-            if order.resync:
-                await applier.catch_up("publisher connected")
-            if health.stale_deadline is not None and health.stale_deadline <= time.monotonic():
-                await applier.drop_stale()
+            if await self._upkeep():
+                held = False  # it paused: its next run waits in line
             if inbox.last_dropped is not None and not len(inbox):
                 # The newest message a full inbox dropped, offered once the held ones are
                 # applied: it reveals (and so repairs) the hole even if the publisher goes quiet.
@@ -263,6 +259,7 @@ class WorkerStream:
                 await self.on_message(frames)
                 self._busy_since = None
                 health.repairing(None)
+                held = False
                 continue
             if not len(inbox):
                 held = False  # it pauses: its next message waits in line
@@ -296,6 +293,23 @@ class WorkerStream:
                 since_yield = 0
                 if not turns.bounded:
                     await asyncio.sleep(0)
+
+    async def _upkeep(self) -> bool:
+        """The applier's work besides live runs, when due: the index audit, the catch-up
+        after a (re)connect, the stale policy. Returns whether any ran."""
+        applier = self._applier
+        ran = False
+        if self._audit_due:
+            await self._audit()
+            ran = True
+        if applier.order.resync:
+            await applier.catch_up("publisher connected")
+            ran = True
+        deadline = self.health.stale_deadline
+        if deadline is not None and deadline <= time.monotonic():
+            await applier.drop_stale()
+            ran = True
+        return ran
 
     async def _watch_connection(self, monitor: zmq.asyncio.Socket) -> None:
         """Socket connects and disconnects become worker status; a connect triggers a resync."""

@@ -4,12 +4,15 @@ The memory store applies a batch inside the call (`IndexWriter.applies_inline`):
 draining its inbox runs until it yields. Each stream yields often enough for itself, but a
 backlog across many streams at once (a burst of the fleet, a pause of the process) made one
 turn of the event loop as long as the whole backlog's apply: every request that arrived
-meanwhile waited for all of it. With turns, the applies of one turn of the loop stop at a
-budget of time; past it, a stream about to apply waits, and the waiting streams go one a
-turn, in the order they came, each turn after the loop has read its sockets (the API's
-requests first among them), each for that turn's budget. A backlog then drains at the
-store's speed, a budget a turn, while a request waits for about one budget of applies, not
-for the whole backlog.
+meanwhile waited for all of it. With turns, applies stop at a budget of time; past it, a
+stream about to apply waits, and the waiting streams are let go one a turn of the loop, in
+the order they came, each after the loop has read its sockets (the API's requests first
+among them): one applies a run, then goes on until the new budget is spent or it pauses
+(its inbox empty, its upkeep). A backlog then drains at the store's speed, about a budget a
+turn, while a request waits for about one budget of applies plus the run in progress (a
+replay's, `YIELD_EVERY` replies), not for the whole backlog. The budget counts the applies
+since the last turn was scheduled, which may span a few idle turns of the loop: an apply
+may then wait a turn it did not need to, never one more than the bound.
 
 A store whose apply suspends (Redis: the loop serves requests while a reply is awaited)
 has no budget: every apply goes at once.
@@ -25,9 +28,10 @@ import asyncio
 from collections import deque
 
 TURN_SECONDS = 0.002
-"""The applies' time in one turn of the event loop before the next apply waits for a later
-turn: a request's wait behind a backlog is about this plus one run (applier.RUN_MAX), and
-against it the cost of a turn of the loop (a poll of its sockets, a task woken) is small."""
+"""The applies' time before the next apply waits for a later turn of the event loop: a
+request's wait behind a backlog is about this plus the run in progress (up to
+applier.RUN_MAX live batches), and against it the cost of a turn of the loop (a poll of its
+sockets, a task woken) is small."""
 
 
 class Turns:

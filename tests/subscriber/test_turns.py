@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -18,12 +19,14 @@ import zmq
 import zmq.asyncio
 
 from kvsi.simulator.publisher import SimulatedPublisher
+from kvsi.store.memory import MemoryStore
 from kvsi.store.model import Batch, Fence, WorkerKey
 from kvsi.subscriber import pool as pool_module
 from kvsi.subscriber.applier import RUN_MAX
+from kvsi.subscriber.gate import StoreGate
 from kvsi.subscriber.pool import StreamPool
 from kvsi.subscriber.replay import YIELD_EVERY, ReplayClient
-from kvsi.subscriber.stream import PublisherSpec
+from kvsi.subscriber.stream import PublisherSpec, WorkerStream
 from kvsi.subscriber.turns import Turns
 from tests.subscriber.conftest import FAST
 from tests.subscriber.peers import Publisher, payload, stored, tcp
@@ -259,6 +262,7 @@ async def test_replays_with_their_replies_here_go_one_a_turn(
             async def deliver(seq: int, body: bytes) -> bool:
                 if seq == 0:  # meanwhile every other reply reaches the socket
                     await asyncio.sleep(0.5)
+                    await turns.wait()  # the replay checks its turn every YIELD_EVERY only
                 log.append(name)
                 delivered[name] += 1
                 return True
@@ -284,3 +288,73 @@ async def test_replays_with_their_replies_here_go_one_a_turn(
     groups = _applies_between_reads(log)
     assert all(len(set(g)) == 1 for g in groups), [sorted(set(g)) for g in groups]
     assert max(len(g) for g in groups) <= YIELD_EVERY + 1
+
+
+def _busy(seconds: float) -> None:
+    """An apply's CPU, held as the memory store holds the loop."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_a_stream_that_paused_for_its_upkeep_waits_in_line_again(
+    ctx: zmq.asyncio.Context, log: list[str]
+) -> None:
+    """A real stream's applier loop, let go by the turns, pauses at its loop top (a catch-up
+    after a reconnect: replay time, here a sleep) while three backlogs take turns. Back, its
+    next runs wait their turn: none of them shares one with another backlog's run."""
+    turns = Turns(0.002)
+    stream = WorkerStream(
+        PublisherSpec("s", "tcp://127.0.0.1:1", None),
+        StoreGate(MemoryStore()),
+        ctx,
+        options=FAST,
+        turns=turns,
+    )
+    applier = stream._applier
+    runs = 0
+
+    async def on_live(messages: list[list[bytes]]) -> None:
+        nonlocal runs
+        runs += 1
+        log.append(f"s{runs}")
+        _busy(0.0005)
+        if runs == 1:
+            applier.order.resync = True  # a publisher reconnected: catch up at the loop top
+
+    async def catch_up(why: str) -> None:
+        for n in range(4, 40):  # live batches arrive meanwhile
+            stream.inbox.put([[b"t", n.to_bytes(8, "big"), b""]], time.monotonic())
+        await asyncio.sleep(0.02)
+        applier.order.resync = False
+
+    applier.on_live = on_live  # type: ignore[method-assign]
+    applier.catch_up = catch_up  # type: ignore[method-assign]
+    for n in range(4):
+        stream.inbox.put([[b"t", n.to_bytes(8, "big"), b""]], time.monotonic())
+
+    async def backlog(name: str) -> None:  # as a stream whose inbox never empties
+        held = False
+        while True:
+            if not turns.open(held):
+                await turns.wait()
+                held = True
+            started = time.perf_counter()
+            _busy(0.001)
+            log.append(name)
+            turns.spend(time.perf_counter() - started)
+
+    await asyncio.sleep(0)
+    log.clear()
+    turns.spend(0.002)  # the budget is spent: the stream waits in line first
+    others = [asyncio.create_task(backlog(name)) for name in ("a", "b", "c")]
+    applying = asyncio.create_task(stream._apply_forever())
+    await asyncio.sleep(0.08)
+    for task in [applying, *others]:
+        task.cancel()
+    await asyncio.gather(applying, *others, return_exceptions=True)
+    after = [
+        g for g in _applies_between_reads(log) if any(e[1:].isdigit() and e != "s1" for e in g)
+    ]
+    assert after, log  # the stream applied again after its pause
+    assert all(all(e.startswith("s") for e in g) for g in after), after
