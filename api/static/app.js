@@ -226,6 +226,10 @@ function sortBy() {
 
 async function loadHeatmap() {
   const busiest = await api("v1/sessions", { order: "blocks", limit: HEATMAP_SESSIONS });
+  if (document.hidden) {
+    dirty.heatmap = true; // hidden while the busiest were read: the rest waits to be shown
+    return;
+  }
   const ids = busiest.sessions.map((s) => s.session_id);
   const views = await Promise.all(ids.map((id) => api(`v1/sessions/${encodeURIComponent(id)}`)));
   const shown = views.filter((v) => v != null);

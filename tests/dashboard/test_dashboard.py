@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from tests.dashboard.pages import (
 from tests.waiting import until
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, Page
+    from playwright.async_api import Browser, Page, Route
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -167,6 +168,38 @@ async def test_a_background_tab_reads_nothing_until_shown_again(
         )
 
     await until(caught_up, 10, "the heatmap and the fleet read again once shown")
+
+
+async def test_a_heatmap_read_under_way_when_the_tab_hides_stops_there(
+    browser: Browser, demo: Demo
+) -> None:
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    asked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(route: Route) -> None:
+        if not asked.is_set():
+            asked.set()
+            await release.wait()
+        await route.continue_()
+
+    await page.route(lambda url: "order=blocks" in url, hold)
+    await page.goto(demo.url + "/")
+    await asyncio.wait_for(asked.wait(), 30)
+    await page.evaluate(HIDE, True)
+    reads: list[str] = []
+    page.on("request", lambda r: reads.append(r.url) if "/v1/sessions/" in r.url else None)
+    release.set()
+    await page.wait_for_timeout(2000)
+    assert reads == [], "the sessions of the heatmap were read while hidden"
+
+    await page.evaluate(HIDE, False)
+
+    async def drawn() -> bool:
+        return await page.locator("#heatmap").get_attribute("data-draws") is not None
+
+    await until(drawn, 10, "the heatmap read and drawn once shown")
+    assert reads, "the heatmap drawn without reading its sessions"
 
 
 async def test_with_tokens_the_page_asks_for_one_and_sends_it(
