@@ -61,12 +61,15 @@ def hint_key(prefix: str, session_id: str) -> str:
     return f"{prefix}:dir:{session_id}"
 
 
-def assert_hints(pipe: Any, keys: Iterable[str], member: str, now: float) -> None:
-    """Queue, per directory set, ZADD of the worker's `member` at `now` and the set's EXPIRE."""
+def hint_commands(keys: Iterable[str], member: str, now: float) -> list[tuple[Any, ...]]:
+    """The commands of an assert: per directory set, ZADD of the worker's `member` at `now`
+    and the set's EXPIRE."""
     ttl = int(DIRECTORY_TTL)
+    commands: list[tuple[Any, ...]] = []
     for key in keys:
-        pipe.zadd(key, {member: now})
-        pipe.expire(key, ttl)
+        commands.append(("ZADD", key, now, member))
+        commands.append(("EXPIRE", key, ttl))
+    return commands
 
 
 def firsts_to_assert(

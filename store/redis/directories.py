@@ -19,18 +19,20 @@ from kvsi.store.directory import (
     DIRECTORY_MARK,
     DIRECTORY_TTL,
     SAFE_SECONDS,
-    assert_hints,
     block_key,
     firsts_to_assert,
+    hint_commands,
     hint_key,
     sessions_to_assert,
 )
 from kvsi.store.model import Batch, Hash, WorkerKey
 from kvsi.store.redis.layout import WorkerKeys, hash_of, member, members, worker_member
 from kvsi.store.redis.mirror import Mirror
+from kvsi.store.redis.node_reads import Command
 from kvsi.store.redis.plan import Arg, Plan
 
 Scripted = Callable[[AsyncScript, Sequence[tuple[list[str], list[Arg]]]], Awaitable[list[Any]]]
+Batched = Callable[[Sequence[Command]], Awaitable[list[Any]]]
 
 
 class Due(NamedTuple):
@@ -63,10 +65,14 @@ class Directories:
         scripted: Scripted,
         unhint: AsyncScript,
         mark: AsyncScript,
+        batch: Batched,
         *,
         inline: bool,
     ) -> None:
+        """`batch`: the store's commands in one round trip per node (`RedisReader._batch`).
+        `inline`: a standalone server (the asserts ride in the writes' own calls)."""
         self._client = client
+        self._batch = batch
         self._inline = inline
         self._prefix = prefix
         self._scripted = scripted
@@ -109,9 +115,7 @@ class Directories:
         if not self._inline:
             return
         ttl = int(DIRECTORY_TTL)
-        marked = members(due.firsts)
-        keys = [hint_key(self._prefix, sid) for sid in due.sessions]
-        keys += [block_key(self._prefix, m) for m in marked]
+        keys, marked = self._sets(due)
         for key in keys:
             plan.call("z", key, [now, state.member])
             plan.call("e", key, [ttl])
@@ -131,19 +135,25 @@ class Directories:
             await self.write(state, due, now)
 
     async def write(self, state: Asserted, due: Due, now: float) -> None:
-        """ZADD + EXPIRE of the worker in each due set, the first blocks in its `firsts` set:
-        one pipeline (none when nothing is due); remembered."""
+        """ZADD + EXPIRE of the worker in each due set, the first blocks in its `firsts` set
+        (none when nothing is due), in one round trip per node; remembered. Each is safe to
+        send again (the batch may, after an error reply)."""
         if not due.sessions and not due.firsts:
             return
-        pipe = self._pipeline()
-        prefix = self._prefix
-        assert_hints(pipe, (hint_key(prefix, sid) for sid in due.sessions), state.member, now)
-        if due.firsts:
-            marked = members(due.firsts)
-            assert_hints(pipe, (block_key(prefix, m) for m in marked), state.member, now)
-            pipe.sadd(state.key.firsts, *marked)
-        await pipe.execute()
+        keys, marked = self._sets(due)
+        commands = hint_commands(keys, state.member, now)
+        if marked:
+            commands.append(("SADD", state.key.firsts, *marked))
+        await self._batch([(c[1], c, {}) for c in commands])
         self._remember(state, due, now)
+
+    def _sets(self, due: Due) -> tuple[list[str], list[int | bytes]]:
+        """The directory sets `due` names (sessions', then first blocks'), and the first
+        blocks as members."""
+        marked = members(due.firsts)
+        keys = [hint_key(self._prefix, sid) for sid in due.sessions]
+        keys += [block_key(self._prefix, m) for m in marked]
+        return keys, marked
 
     @staticmethod
     def _remember(state: Asserted, due: Due, now: float) -> None:

@@ -1,11 +1,11 @@
-"""The read side's commands on a Redis Cluster without redis-py's cluster pipeline, for the
-common case; the pipeline for everything else.
+"""The read side's commands (and the writers' directory asserts) on a Redis Cluster without
+redis-py's cluster pipeline, for the common case; the pipeline for everything else.
 
 Imports neither zmq nor fastapi. Why (bench/README.md, fleet_latency.py): the session
 lookup and the prefix match are two rounds of a few commands each, and redis-py's
 ClusterPipeline spends more client CPU on them than the commands themselves (a command
-policy, slot and node resolution per command, a task per node, a timeout per reply):
-~340 µs per `get_session` on a 3-master cluster against ~70 on a standalone server.
+policy, slot and node resolution per command, a task per node, a timeout per reply): a
+`get_session` cost several times its standalone figure.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class NodeReads:
     ASK after a slot moved, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a wrong type), a connection
     that fails or times out (a node down, a connection killed), no connection left in a
     node's pool, a client reading from replicas or not initialized yet. Every command here
-    is a read or a conditional prune (unhint.lua), so running one again is harmless.
+    is a read, a conditional prune (unhint.lua) or a writer's directory assert (ZADD of its
+    worker at its time, EXPIRE, SADD), so running one again is harmless.
 
     A connection whose replies were not all read (an error, a timeout, a cancelled call)
     is disconnected before it goes back to its pool (redis-py reconnects it on next use),

@@ -15,6 +15,7 @@ import pytest
 import redis.exceptions
 from redis.asyncio import RedisCluster
 
+from kvsi.store.directory import hint_key
 from kvsi.store.memory import MemoryStore
 from kvsi.store.model import (
     ApplyOutcome,
@@ -27,7 +28,7 @@ from kvsi.store.model import (
     WorkerKey,
 )
 from kvsi.store.redis import RedisStore
-from kvsi.store.redis.layout import WorkerKeys, bucket, member
+from kvsi.store.redis.layout import WorkerKeys, bucket, member, worker_member
 from kvsi.store.redis.mirror import Mirror
 from kvsi.store.redis.plan import DEL, REMOVE1, SADD, SREM, Plan
 from kvsi.store.redis.transport import ClusterDirectScript, DirectScript, _Pipe
@@ -434,4 +435,76 @@ async def test_on_a_cluster_a_dropped_connection_fails_its_calls_then_heals(
     await _apply_through_a_drop(store, pipes, second)
     await _stream_into(store, ref, range(5, 8))  # direct again, on new connections
     assert all(not p.dead for p in direct._pipes.values())
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+# -- a cluster: the directory asserts ------------------------------------------------------
+
+
+def _spy_pipelines(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the redis-py pipelines the store opens from now on (one item each)."""
+    opened: list[int] = []
+    make = store._pipeline
+
+    def counted() -> Any:
+        opened.append(1)
+        return make()
+
+    monkeypatch.setattr(store, "_pipeline", counted)
+    return opened
+
+
+async def _hinted(reader: RedisStore) -> dict[str, set[str]]:
+    """The directory set of each session `_stream_into` stores, as the members it holds
+    (each set with a TTL)."""
+    out: dict[str, set[str]] = {}
+    for sid in {f"{w.pod}-s{n}" for w in WORKERS for n in range(4)}:
+        key = hint_key(reader._prefix, sid)
+        raw = await reader._client.zrange(key, 0, -1)
+        out[sid] = {m.decode() for m in raw}
+        assert await reader._client.ttl(key) > 0, f"{key} without its EXPIRE"
+    return out
+
+
+_HINTED = {f"{w.pod}-s{n}": {worker_member(w)} for w in WORKERS for n in range(4)}
+"""What `_stream_into` asserts: each worker in the sets of its four sessions."""
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_the_directory_asserts_go_one_round_trip_per_node(
+    cluster_stores: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not through redis-py's ClusterPipeline: NodeReads' path, one write per node."""
+    store, reader = cluster_stores
+    ref = MemoryStore()
+    await _stream_into(store, ref, range(2))  # the writers loaded
+    nodes = store._nodes
+    assert nodes is not None
+    opened = _spy_pipelines(store, monkeypatch)
+    await _stream_into(store, ref, range(2, 8))  # new sessions and first blocks each batch
+    assert opened == []
+    assert nodes.fallbacks == 0
+    assert await _hinted(reader) == _HINTED
+    assert await snapshot(reader) == await snapshot(ref)
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_asserts_a_node_refuses_go_again_through_redis_py(
+    cluster_stores: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale slot map for every slot: the nodes answer MOVED, the asserts go again through
+    a redis-py pipeline (it follows the cluster); nothing is lost."""
+    store, reader = cluster_stores
+    ref = MemoryStore()
+    await _stream_into(store, ref, range(2))
+    opened = _spy_pipelines(store, monkeypatch)
+    client = store._client
+    assert isinstance(client, RedisCluster)
+    manager = client.nodes_manager
+    nodes = list(manager.nodes_cache.values())
+    for slot, held in list(manager.slots_cache.items()):
+        manager.slots_cache[slot] = [next(n for n in nodes if n.name != held[0].name)]
+    await _stream_into(store, ref, range(2, 6))
+    assert opened
+    assert await _hinted(reader) == _HINTED
     assert await snapshot(reader) == await snapshot(ref)
