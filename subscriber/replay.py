@@ -28,6 +28,14 @@ YIELD_EVERY = 64
 replay whose batches are already here must not hold the other streams and the API (the
 process's turns, turns.py, decide whether it goes on in the next turn or waits its own)."""
 
+QUIET_SECONDS = 0.25
+"""Silence after a reply, with no end marker yet, that ends an attempt (the next asks again
+from after the last reply). A publisher sends its whole buffer back to back, then the end
+marker (vLLM's `_service_replay`), so once replies flow a silence is the marker lost at its
+ROUTER's high-water mark, not a slow engine: the stream goes on at once instead of waiting
+out the reply timeout. Before the first reply the timeout holds (an engine may be slow to
+answer)."""
+
 _clock = time.perf_counter
 
 Deliver = Callable[[int, bytes], Awaitable[bool]]
@@ -182,13 +190,14 @@ class ReplayClient:
                 else:
                     unyielded = 0
                     self._turns.spend(_clock() - since)
+                    wait = self._timeout if first else min(self._timeout, QUIET_SECONDS)
                     try:
-                        async with asyncio.timeout(self._timeout):
+                        async with asyncio.timeout(wait):
                             frames = await sock.recv_multipart()
                     except TimeoutError:
                         raise _AttemptFailedError(
-                            "timeout",
-                            f"no reply within {self._timeout:g}s after seq {expected - 1}",
+                            "timeout" if first else "quiet",
+                            f"no reply within {wait:g}s after seq {expected - 1}",
                         ) from None
                     if not self._turns.open():
                         await self._turns.wait()

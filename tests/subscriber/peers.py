@@ -98,8 +98,8 @@ class ReplayRouter:
 
     `delay` pauses before every reply batch (a slow engine); `silent` answers nothing (a dead
     one); `first` hides seqs below it (a buffer that no longer reaches back); `skips`
-    leaves seqs out of the next replies, a set per reply (replies lost on the way); `junk`
-    is sent first.
+    leaves seqs out of the next replies, a set per reply (replies lost on the way);
+    `lost_ends` leaves the end marker out of that many next replies; `junk` is sent first.
     """
 
     def __init__(
@@ -121,6 +121,7 @@ class ReplayRouter:
         self.silent = False
         self.first = 0
         self.skips: list[set[int]] = []
+        self.lost_ends = 0
         self.junk: list[list[bytes]] = []
         self.requests: list[int] = []
         self.active = 0
@@ -161,6 +162,9 @@ class ReplayRouter:
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 await self.sock.send_multipart([identity, *head, seq.to_bytes(8, "big"), sent[seq]])
+            if self.lost_ends:
+                self.lost_ends -= 1
+                return
             end = [b"", wire.END_SEQ, b""] if self.legacy else [b"", b"", wire.END_SEQ, b""]
             await self.sock.send_multipart([identity, *end])
         finally:

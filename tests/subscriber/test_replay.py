@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from kvsi.simulator.publisher import SimulatedPublisher
 from kvsi.subscriber.drops import DropReason
-from kvsi.subscriber.replay import YIELD_EVERY, ReplayClient, ReplayFailedError
+from kvsi.subscriber.replay import QUIET_SECONDS, YIELD_EVERY, ReplayClient, ReplayFailedError
 from tests.subscriber.peers import Publisher, ReplayRouter, payload, stored, tcp
 
 
@@ -135,6 +135,52 @@ async def test_a_reply_with_a_hole_is_retried_from_after_the_last_delivered_batc
     assert got.seqs == list(range(8))
     assert router.requests == [0, 4]
     assert report.attempts == 2
+
+
+async def test_an_end_marker_lost_after_replies_asks_again_without_waiting_out_the_timeout(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """The ROUTER drops the end marker (its high-water mark, right after the burst): the
+    silence after the replies ends the attempt, and the next one from after the last reply
+    gets the marker. The reply timeout (a minute here) is never waited out."""
+    publisher = Publisher(ctx, tcp())
+    for i in range(8):
+        await publisher.send(payload([stored([i])]), deliver=False)
+    endpoint = tcp()
+    router = ReplayRouter(ctx, endpoint, publisher)
+    router.lost_ends = 1
+    router.start()
+    got = Collect()
+    try:
+        async with asyncio.timeout(30):
+            report = await client(ctx, endpoint, timeout=60.0).fetch(0, got)
+    finally:
+        await router.close()
+        publisher.close()
+    assert got.seqs == list(range(8))
+    assert router.requests == [0, 8]
+    assert report.attempts == 2
+    assert QUIET_SECONDS < 60.0
+
+
+async def test_no_reply_at_all_waits_the_whole_timeout_before_asking_again(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """Before the first reply the quiet rule does not apply: a slow engine gets the timeout."""
+    publisher = Publisher(ctx, tcp())
+    await publisher.send(payload([stored([1])]), deliver=False)
+    endpoint = tcp()
+    router = ReplayRouter(ctx, endpoint, publisher, delay=QUIET_SECONDS * 2)
+    router.start()
+    got = Collect()
+    try:
+        report = await client(ctx, endpoint, timeout=QUIET_SECONDS * 20).fetch(0, got)
+    finally:
+        await router.close()
+        publisher.close()
+    assert got.seqs == [0]
+    assert router.requests == [0]
+    assert report.attempts == 1
 
 
 async def test_bad_reply_frames_are_counted_and_skipped(ctx: zmq.asyncio.Context) -> None:
