@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import cast
 
 from kvsi.store.model import CLEARED, STORED, Batch, EntriesStored, Hash
 from kvsi.store.records import Residency
@@ -61,14 +61,16 @@ def hint_key(prefix: str, session_id: str) -> str:
     return f"{prefix}:dir:{session_id}"
 
 
-def hint_commands(keys: Iterable[str], member: str, now: float) -> list[tuple[Any, ...]]:
-    """The commands of an assert: per directory set, ZADD of the worker's `member` at `now`
-    and the set's EXPIRE."""
+def hint_commands(
+    keys: Iterable[str], member: str, now: float
+) -> list[tuple[str, tuple[str | int | float, ...]]]:
+    """The commands of an assert, each as (its key, its words): per directory set, ZADD of
+    the worker's `member` at `now` and the set's EXPIRE."""
     ttl = int(DIRECTORY_TTL)
-    commands: list[tuple[Any, ...]] = []
+    commands: list[tuple[str, tuple[str | int | float, ...]]] = []
     for key in keys:
-        commands.append(("ZADD", key, now, member))
-        commands.append(("EXPIRE", key, ttl))
+        commands.append((key, ("ZADD", key, now, member)))
+        commands.append((key, ("EXPIRE", key, ttl)))
     return commands
 
 

@@ -32,7 +32,12 @@ from kvsi.store.redis.node_reads import Command
 from kvsi.store.redis.plan import Arg, Plan
 
 Scripted = Callable[[AsyncScript, Sequence[tuple[list[str], list[Arg]]]], Awaitable[list[Any]]]
-Batched = Callable[[Sequence[Command]], Awaitable[list[Any]]]
+Batched = Callable[[Sequence[Command], int], Awaitable[list[Any]]]
+
+ASSERT_CHUNK = 512
+"""Assert commands per round trip: a writer loading a worker from before the directory
+asserts its every residency at once, and a round's replies hold the event loop (and each
+node) while they are read."""
 
 
 class Due(NamedTuple):
@@ -65,14 +70,15 @@ class Directories:
         scripted: Scripted,
         unhint: AsyncScript,
         mark: AsyncScript,
-        batch: Batched,
+        batches: Batched,
         *,
         inline: bool,
     ) -> None:
-        """`batch`: the store's commands in one round trip per node (`RedisReader._batch`).
-        `inline`: a standalone server (the asserts ride in the writes' own calls)."""
+        """`batches`: the store's commands in one round trip per node, a chunk of them at a
+        time (`RedisReader._batches`). `inline`: a standalone server (the asserts ride in the
+        writes' own calls)."""
         self._client = client
-        self._batch = batch
+        self._batches = batches
         self._inline = inline
         self._prefix = prefix
         self._scripted = scripted
@@ -96,8 +102,9 @@ class Directories:
         restarted: bool = False,
     ) -> Due:
         """What the batches need asserted (`sessions_to_assert`, `firsts_to_assert`). On a
-        cluster it is written here, before the batches, in one pipeline (only when something
-        is due); on a standalone server it rides in the batches' own call (`inline`)."""
+        cluster it is written here, before the batches, in one round trip per node (only
+        when something is due); on a standalone server it rides in the batches' own call
+        (`inline`)."""
         refresh = now - DIRECTORY_TTL / 2
         due = Due(
             sessions_to_assert(batches, mirror.index.residencies, state.sessions, refresh),
@@ -136,15 +143,17 @@ class Directories:
 
     async def write(self, state: Asserted, due: Due, now: float) -> None:
         """ZADD + EXPIRE of the worker in each due set, the first blocks in its `firsts` set
-        (none when nothing is due), in one round trip per node; remembered. Each is safe to
-        send again (the batch may, after an error reply)."""
+        (none when nothing is due), in one round trip per node (`ASSERT_CHUNK` commands
+        each); remembered. Each is safe to send again (`_batches` may, after any failure)."""
         if not due.sessions and not due.firsts:
             return
         keys, marked = self._sets(due)
-        commands = hint_commands(keys, state.member, now)
+        commands: list[Command] = [
+            (key, words, {}) for key, words in hint_commands(keys, state.member, now)
+        ]
         if marked:
-            commands.append(("SADD", state.key.firsts, *marked))
-        await self._batch([(c[1], c, {}) for c in commands])
+            commands.append((state.key.firsts, ("SADD", state.key.firsts, *marked), {}))
+        await self._batches(commands, ASSERT_CHUNK)
         self._remember(state, due, now)
 
     def _sets(self, due: Due) -> tuple[list[str], list[int | bytes]]:

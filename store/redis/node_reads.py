@@ -24,9 +24,9 @@ from redis.exceptions import ResponseError
 from kvsi.store.redis.plan import Arg
 
 Command = tuple[str, tuple[Arg, ...], dict[str, Any]]
-"""A read: the key it is routed by, its arguments, and the options redis-py's reply
-callback for it takes (e.g. ZRANGE's `withscores`), as `pipeline.execute_command` gets
-them."""
+"""A read (or a directory assert): the key it is routed by, its arguments, and the options
+redis-py's reply callback for it takes (e.g. ZRANGE's `withscores`), as
+`pipeline.execute_command` gets them."""
 
 WITH_SCORES: dict[str, Any] = {"withscores": True, "score_cast_func": float}
 """The options `zrange(..., withscores=True)` passes to ZRANGE's reply callback."""

@@ -348,7 +348,8 @@ class RedisReader:
         """A standalone server answers a prefix match or a session lookup over every worker
         in one script call; a cluster's workers span slots (one call or command per worker)."""
         self._nodes = NodeReads(client) if isinstance(client, RedisCluster) else None
-        """The per-request reads' rounds on a cluster (`_batch`)."""
+        """The per-request reads' rounds on a cluster, and the writers' directory asserts
+        (`_batch`)."""
         self._prefix_script: AsyncScript = client.register_script(lua("prefix"))
         self._locate_script: AsyncScript = client.register_script(lua("locate"))
         self._losses_script: AsyncScript = client.register_script(lua("losses"))

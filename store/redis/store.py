@@ -232,7 +232,7 @@ class RedisStore(RedisReader, RedisInstances):
             self._scripted,
             self._unhint_script,
             client.register_script(lua("mark")),
-            self._batch,
+            self._batches,
             inline=isinstance(self._direct, DirectScript),
         )
         self._writers: dict[WorkerKey, _Writer] = {}

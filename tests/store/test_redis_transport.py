@@ -15,7 +15,7 @@ import pytest
 import redis.exceptions
 from redis.asyncio import RedisCluster
 
-from kvsi.store.directory import hint_key
+from kvsi.store.directory import block_key, hint_key
 from kvsi.store.memory import MemoryStore
 from kvsi.store.model import (
     ApplyOutcome,
@@ -466,6 +466,20 @@ async def _hinted(reader: RedisStore) -> dict[str, set[str]]:
     return out
 
 
+async def _firsts_hinted(store: RedisStore, reader: RedisStore, seqs: range) -> None:
+    """Each worker's first blocks of `seqs` (`_stream_into` stores seq * 10 + 1 first) are
+    in its `firsts` set and their block sets name it, each set with a TTL."""
+    client = reader._client
+    for w in WORKERS:
+        marked = {member(seq * 10 + 1) for seq in seqs}
+        held = {int(m) for m in await client.smembers(store.worker_keys(w).firsts)}
+        assert marked <= held, f"{w}: first blocks missing from its firsts set"
+        for m in marked:
+            key = block_key(reader._prefix, m)
+            assert worker_member(w).encode() in await client.zrange(key, 0, -1), key
+            assert await client.ttl(key) > 0, f"{key} without its EXPIRE"
+
+
 _HINTED = {f"{w.pod}-s{n}": {worker_member(w)} for w in WORKERS for n in range(4)}
 """What `_stream_into` asserts: each worker in the sets of its four sessions."""
 
@@ -485,15 +499,18 @@ async def test_on_a_cluster_the_directory_asserts_go_one_round_trip_per_node(
     assert opened == []
     assert nodes.fallbacks == 0
     assert await _hinted(reader) == _HINTED
+    await _firsts_hinted(store, reader, range(2, 8))
     assert await snapshot(reader) == await snapshot(ref)
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("stale", ["every node", "one node"])
 async def test_on_a_cluster_asserts_a_node_refuses_go_again_through_redis_py(
-    cluster_stores: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+    cluster_stores: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch, stale: str
 ) -> None:
-    """A stale slot map for every slot: the nodes answer MOVED, the asserts go again through
-    a redis-py pipeline (it follows the cluster); nothing is lost."""
+    """A stale slot map (for every node's slots, or for one node's while the others' asserts
+    land): a node answers MOVED, the asserts go again through a redis-py pipeline (it
+    follows the cluster); nothing is lost."""
     store, reader = cluster_stores
     ref = MemoryStore()
     await _stream_into(store, ref, range(2))
@@ -503,8 +520,10 @@ async def test_on_a_cluster_asserts_a_node_refuses_go_again_through_redis_py(
     manager = client.nodes_manager
     nodes = list(manager.nodes_cache.values())
     for slot, held in list(manager.slots_cache.items()):
-        manager.slots_cache[slot] = [next(n for n in nodes if n.name != held[0].name)]
+        if stale == "every node" or held[0].name == nodes[0].name:
+            manager.slots_cache[slot] = [next(n for n in nodes if n.name != held[0].name)]
     await _stream_into(store, ref, range(2, 6))
     assert opened
     assert await _hinted(reader) == _HINTED
+    await _firsts_hinted(store, reader, range(2, 6))
     assert await snapshot(reader) == await snapshot(ref)
