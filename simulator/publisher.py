@@ -28,6 +28,14 @@ DEFAULT_BUFFER_STEPS = 10_000
 DEFAULT_HWM = 100_000
 """vLLM's KVEventsConfig.hwm default: PUB send high-water mark (messages beyond are dropped)."""
 
+
+def replay_hwm(buffer_steps: int) -> int:
+    """The replay ROUTER's send high-water mark, as vLLM 0.33's ZmqEventPublisher sets it:
+    twice the buffer and its end marker, so a whole replay fits however slowly it is read
+    (a ROUTER drops at its mark; zmq's default of 1,000 lost replies and end markers)."""
+    return 2 * (buffer_steps + 1)
+
+
 BIND_TIMEOUT = 5.0
 """Seconds to retry a bind on EADDRINUSE: a just-closed socket frees its port asynchronously."""
 
@@ -128,6 +136,7 @@ class SimulatedPublisher:
             if self._requested_replay_endpoint is not None:
                 router = self._ctx.socket(zmq.ROUTER)
                 router.setsockopt(zmq.LINGER, 0)
+                router.setsockopt(zmq.SNDHWM, replay_hwm(self._buffer.maxlen or 0))
                 self._replay_endpoint = await _bind(
                     router, self._requested_replay_endpoint, bind_timeout
                 )
