@@ -32,9 +32,9 @@ QUIET_SECONDS = 0.25
 """Silence after a reply, with no end marker yet, that ends an attempt (the next asks again
 from after the last reply). A publisher sends its whole buffer back to back, then the end
 marker (vLLM's `_service_replay`), so once replies flow a silence is the marker lost at its
-ROUTER's high-water mark, not a slow engine: the stream goes on at once instead of waiting
-out the reply timeout. Before the first reply the timeout holds (an engine may be slow to
-answer)."""
+ROUTER's high-water mark (releases whose mark is below the buffer; 0.33's fits it), not a
+slow engine: the stream goes on at once instead of waiting out the reply timeout. Before
+the first reply the timeout holds (an engine may be slow to answer)."""
 
 _clock = time.perf_counter
 
