@@ -40,11 +40,6 @@ log = structlog.get_logger(__name__)
 ANNOTATION = "kv-session-index/"
 """Prefix of the pod annotations that override DiscoveryConfig's ports and DP size."""
 
-HANDOVER_BEATS = 2
-"""Beats after this replica's view of the replicas changed when its streams store their
-workers' statuses again: by then every replica has seen the same view and released the pods
-it lost, and a follower that released one may have written its status over the owner's
-while both followed it (last writer wins)."""
 EVENT_QUEUE = 1_000
 """Pod events held between the watch and the planner: the watch waits when it is full (the
 API server buffers), so a slow store cannot make this grow."""
@@ -346,21 +341,15 @@ async def run_discovery(
     )
     events: asyncio.Queue[PodSnapshot | PodEvent] = asyncio.Queue(maxsize=EVENT_QUEUE)
     pump = asyncio.create_task(_pump(source, events), name="discovery-watch")
-    restatus_at: float | None = None
-    """When the streams store their statuses again after a handover (`HANDOVER_BEATS`)."""
     try:
         while True:
             if beat is not None:
-                now = time.monotonic()
-                view = await beat.beat_if_due(now)
+                view = await beat.beat_if_due(time.monotonic())
                 if view is not None:
-                    await _apply(
-                        assignment.on_view(view, planner.running), assignment, pool, config
-                    )
-                    restatus_at = now + HANDOVER_BEATS * beat.beat_seconds
-                elif restatus_at is not None and now >= restatus_at:
-                    restatus_at = None
-                    pool.restatus()
+                    changes = assignment.on_view(view, planner.running)
+                    await _apply(changes, assignment, pool, config, beat.epoch)
+                else:
+                    pool.gate.status_epoch = beat.epoch
             await _apply(
                 assignment.on_fleet(planner.expire(time.monotonic())), assignment, pool, config
             )
@@ -390,9 +379,13 @@ def _wait(planner: FleetPlanner, beat: ReplicaBeat | None) -> float | None:
 
 
 async def _apply(
-    changes: Changes, assignment: Assignment, pool: StreamPool, config: DiscoveryConfig
+    changes: Changes,
+    assignment: Assignment,
+    pool: StreamPool,
+    config: DiscoveryConfig,
+    epoch: int | None = None,
 ) -> None:
-    await apply_changes(changes, pool, config)
+    await apply_changes(changes, pool, config, epoch)
     metrics.DISCOVERY_OWNED_PODS.set(assignment.owned_pods())
 
 
@@ -403,10 +396,14 @@ async def _pump(
         await events.put(event)
 
 
-async def apply_changes(changes: Changes, pool: StreamPool, config: DiscoveryConfig) -> None:
+async def apply_changes(
+    changes: Changes, pool: StreamPool, config: DiscoveryConfig, epoch: int | None = None
+) -> None:
     """Stop, release, forget, start. A stopped worker not started again is shown
     `disconnected` while it waits out the grace time, so routers stop choosing it at once;
-    a released one is not (another replica follows it)."""
+    a released one is not (another replica follows it). `epoch`: the roster epoch of the
+    view these changes follow, fencing the statuses written from then on; taken after the
+    releases, so a stream released here writes none at it over the new owner's."""
     restarted = {_key(s) for s in changes.start}
     for key in changes.stop:
         await pool.remove(key.pod, key.dp_rank)
@@ -427,6 +424,8 @@ async def apply_changes(changes: Changes, pool: StreamPool, config: DiscoveryCon
         ingest_metrics.INGEST.forget(str(key))
         metrics.DISCOVERY_CHANGES.labels("forgotten").inc()
         log.info("discovery.worker_forgotten", worker=str(key), pod=key.pod)
+    if epoch is not None:
+        pool.gate.status_epoch = epoch
     for spec in changes.start:
         await pool.add(spec)
         metrics.DISCOVERY_CHANGES.labels("started").inc()

@@ -34,6 +34,10 @@ class ReplicaBeat:
         self._renewed = -ttl
         """When the last successful beat was sent: the record lasts at least `ttl` from it."""
         self._view: tuple[str, ...] | None = None
+        self.epoch: int | None = None
+        """The roster epoch of the last answer (`RosterView.epoch`): it moves on with every
+        change of the live set, also one this replica's view did not see (a replica that
+        joined and left between two beats)."""
 
     def wait_seconds(self, now: float) -> float:
         """Until the next beat is due."""
@@ -48,7 +52,7 @@ class ReplicaBeat:
         try:
             # Bounded so a late answer still lands within the record it renews.
             async with asyncio.timeout(self.ttl - self.beat_seconds):
-                live = tuple(await self.roster.beat(self.me, self.ttl))
+                answer = await self.roster.beat(self.me, self.ttl)
         except Exception as exc:  # any failure: keep the last view while the record lasts
             metrics.DISCOVERY_BEAT_FAILURES.inc()
             log.warning(
@@ -59,13 +63,21 @@ class ReplicaBeat:
             )
             if time.monotonic() - self._renewed < self.ttl or self._view == ():
                 return None
-            live = ()
+            live: tuple[str, ...] = ()
         else:
             self._renewed = now
+            self.epoch = answer.epoch
+            live = tuple(answer.live)
         metrics.DISCOVERY_REPLICAS.set(len(live))
         if live == self._view:
             return None
-        log.info("discovery.replicas_changed", replica=self.me, replicas=list(live), was=self._view)
+        log.info(
+            "discovery.replicas_changed",
+            replica=self.me,
+            replicas=list(live),
+            was=self._view,
+            epoch=self.epoch,
+        )
         self._view = live
         return live
 

@@ -11,7 +11,7 @@ from the index: central replicas splitting the pods, on a shared store only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kvsi.store.feed import FeedHub
 from kvsi.store.model import (
@@ -69,8 +69,15 @@ class IndexWriter(Protocol):
         """The worker's stored fence: where a restarted subscriber resumes. None if unknown."""
         ...
 
-    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
-        """Record the worker's stream health; registers a worker not seen before."""
+    async def set_status(
+        self, worker: WorkerKey, status: WorkerStatus, epoch: int | None = None
+    ) -> bool:
+        """Record the worker's stream health; registers a worker not seen before. `epoch`:
+        the roster epoch (`RosterView.epoch`) of the central replica writing, fenced: a
+        status of an older epoch than the worker's last fenced one is refused (a replica
+        about to release the worker, whose view is behind the owner's), nothing written.
+        None (a process that does not split the pods): always stored. Returns whether it
+        was stored. O(1)."""
         ...
 
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
@@ -303,21 +310,31 @@ class DynamoRegistry(Protocol):
         ...
 
 
+class RosterView(NamedTuple):
+    """What a beat answers: the live replicas, and the epoch of that set."""
+
+    epoch: int
+    """Greater whenever the live set changed since (a replica joined, left, or ran out),
+    whatever happened to the roster meanwhile: views of one epoch name one set."""
+    live: list[str]
+    """The live replicas' ids, sorted."""
+
+
 class ReplicaRoster(Protocol):
     """Central replicas splitting the pods (kvsi/ownership.py): each renews a record with a
     TTL, and every renewal answers who is live. Not part of the index; only a shared store
     has one (store/select.py `open_roster`)."""
 
-    async def beat(self, replica: str, ttl: float) -> list[str]:
+    async def beat(self, replica: str, ttl: float) -> RosterView:
         """Record `replica` live for `ttl` seconds from now, drop the records that ran out,
-        and return the live replicas, sorted (`replica` among them). One atomic step, timed
-        by the store's clock, so replicas' clocks need not agree. O(log replicas) to record,
-        O(replicas) to answer."""
+        and return the live replicas (`replica` among them) with their epoch. One atomic
+        step, timed by the store's clock, so replicas' clocks need not agree. O(log
+        replicas) to record, O(replicas) to answer."""
         ...
 
     async def leave(self, replica: str) -> None:
-        """Drop `replica`'s record at once (a clean stop): the others take its pods at
-        their next beat instead of after the TTL. O(log replicas)."""
+        """Drop `replica`'s record at once (a clean stop), a new epoch: the others take its
+        pods at their next beat instead of after the TTL. O(log replicas)."""
         ...
 
     async def close(self) -> None:

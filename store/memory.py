@@ -125,12 +125,14 @@ class _Residency(Residency):
 class _Worker:
     """A worker: its index (the core) and what the memory store keeps beside it."""
 
-    __slots__ = ("index", "key", "last_event_at", "status")
+    __slots__ = ("index", "key", "last_event_at", "status", "status_epoch")
 
     def __init__(self, key: WorkerKey, new_residency: Callable[[str], _Residency]) -> None:
         self.key = key
         self.index: WorkerIndex[Part, _Residency] = WorkerIndex(Part, new_residency)
         self.status = WorkerStatus(since=time.time())
+        self.status_epoch = 0
+        """The epoch of the last fenced status (`IndexWriter.set_status`)."""
         self.last_event_at: float | None = None
 
 
@@ -248,8 +250,14 @@ class MemoryStore:
         w = self._workers.get(worker)
         return w.index.fence if w else None
 
-    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
+    async def set_status(
+        self, worker: WorkerKey, status: WorkerStatus, epoch: int | None = None
+    ) -> bool:
         w = self._worker(worker)
+        if epoch is not None:
+            if epoch < w.status_epoch:
+                return False
+            w.status_epoch = epoch
         changed = (w.status.state, w.status.detail) != (status.state, status.detail)
         if w.status.state != status.state:
             self._states = None
@@ -260,6 +268,7 @@ class MemoryStore:
             )
             record = FeedRecord(worker.pod, worker.dp_rank, status.since, state=change)
             self._feed.publish(record)
+        return True
 
     async def change_feed(self) -> FeedHub:
         return self._feed

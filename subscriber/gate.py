@@ -67,6 +67,9 @@ class StoreGate:
         self._error = ""
         self._bug = ""
         """The last programming error logged, so that a retried one is logged once."""
+        self.status_epoch: int | None = None
+        """The roster epoch of this central replica's view (kvsi/discovery.py sets it),
+        fencing every status it stores (`IndexWriter.set_status`); None: unfenced."""
         metrics.STORE_AVAILABLE.set(1)
 
     @property
@@ -111,12 +114,14 @@ class StoreGate:
         return await self._call("fence", lambda: self.store.fence(worker))
 
     async def publish_status(self, current: Callable[[], tuple[WorkerKey, WorkerStatus]]) -> None:
-        """Store `current()`; a retry stores what `current()` says then, so a status that
-        waited out an outage lands as the latest one, not the one that failed."""
+        """Store `current()`, fenced by `status_epoch`; a retry stores what `current()` says
+        then, so a status that waited out an outage lands as the latest one, not the one
+        that failed. A status the fence refuses is dropped: the worker's owner has a newer
+        view (the store keeps its status)."""
 
-        def write() -> Awaitable[None]:
+        def write() -> Awaitable[bool]:
             worker, status = current()
-            return self.store.set_status(worker, status)
+            return self.store.set_status(worker, status, self.status_epoch)
 
         await self._call("set_status", write)
 

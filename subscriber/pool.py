@@ -79,11 +79,6 @@ class StreamPool:
                 return True
         return False
 
-    def restatus(self) -> None:
-        """Every stream stores its worker's status again (`WorkerStream.restatus`)."""
-        for stream in self.streams:
-            stream.restatus()
-
     async def stop(self) -> None:
         await asyncio.gather(*(_cancelled(task) for task in self._tasks.values()))
         self._tasks = {}

@@ -416,11 +416,6 @@ class WorkerStream:
         counters.degraded = self.health.status().state is WorkerState.DEGRADED
         return counters
 
-    def restatus(self) -> None:
-        """Store the worker's status again: during a handover between central replicas
-        another follower of the worker may have written its own over this one's."""
-        self.health.changed.set()
-
     def readiness_reasons(self) -> list[str]:
         """Why this stream keeps the service from being ready ([] when it does not)."""
         reasons = []

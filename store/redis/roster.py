@@ -9,18 +9,37 @@ from __future__ import annotations
 
 from typing import cast
 
+from kvsi.store.base import RosterView
 from kvsi.store.redis.layout import DEFAULT_PREFIX, roster_key
 from kvsi.store.redis.reads import Client, lua
 from kvsi.store.redis.store import open_client
 
 
+def epoch_key(roster: str) -> str:
+    """The roster's epoch, in the roster's slot: the roster key's own hash tag if it has one
+    (a `{...}` in the prefix), else the whole roster key as the tag (Redis hashes the key
+    `{K}:epoch` as it hashes the untagged key `K`). ValueError for a key with a `}` but no
+    tag, which no other key can share a slot with by a tag."""
+    start = roster.find("{")
+    if start >= 0 and roster.find("}", start + 1) > start + 1:
+        return f"{roster}:epoch"
+    if "}" in roster:
+        raise ValueError(
+            f"the replicas' roster key {roster!r} has a '}}' but no hash tag: use a prefix "
+            "without braces, or with a '{tag}'"
+        )
+    return f"{{{roster}}}:epoch"
+
+
 class RedisRoster:
-    """`ReplicaRoster` on Redis or Redis Cluster (one key: one slot)."""
+    """`ReplicaRoster` on Redis or Redis Cluster (the roster and its epoch: one slot)."""
 
     def __init__(self, client: Client, prefix: str = DEFAULT_PREFIX) -> None:
         self._client = client
         self._key = roster_key(prefix)
+        self._keys = [self._key, epoch_key(self._key)]
         self._beat = client.register_script(lua("roster"))
+        self._leave = client.register_script(lua("leave"))
 
     @classmethod
     def from_url(cls, url: str) -> RedisRoster:
@@ -28,13 +47,15 @@ class RedisRoster:
         client, options = open_client(url)
         return cls(client, options.get("prefix", DEFAULT_PREFIX))
 
-    async def beat(self, replica: str, ttl: float) -> list[str]:
-        """roster.lua: ZADD, ZREMRANGEBYSCORE, ZRANGE in one step."""
-        live = await self._beat(keys=[self._key], args=[replica, max(1, round(ttl * 1000))])
-        return [name.decode() for name in cast(list[bytes], live)]
+    async def beat(self, replica: str, ttl: float) -> RosterView:
+        """roster.lua: ZADD, ZREMRANGEBYSCORE, the epoch, ZRANGE in one step."""
+        reply = await self._beat(keys=self._keys, args=[replica, max(1, round(ttl * 1000))])
+        epoch, live = cast(tuple[int, list[bytes]], reply)
+        return RosterView(int(epoch), [name.decode() for name in live])
 
     async def leave(self, replica: str) -> None:
-        await self._client.zrem(self._key, replica)
+        """leave.lua: ZREM and a new epoch in one step."""
+        await self._leave(keys=self._keys, args=[replica])
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -588,12 +588,14 @@ class RedisStore(RedisReader, RedisInstances):
                 w.mirror = None
         raise RuntimeError(f"worker {worker}: changed by another writer on every attempt")
 
-    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
+    async def set_status(
+        self, worker: WorkerKey, status: WorkerStatus, epoch: int | None = None
+    ) -> bool:
         """status.lua on the worker's meta (which also adds a feed record when the state or
-        detail changed, atomically: once, whichever process wrote), and SADD to the
-        registry, concurrently; then, if the state or detail changed, INCR of the states
-        counter readers check. Not versioned: the status is no part of the index a mirror
-        copies. O(1)."""
+        detail changed, atomically: once, whichever process wrote; and refuses an older
+        `epoch` than the meta's), and SADD to the registry, concurrently; then, if the state
+        or detail changed, INCR of the states counter readers check. Not versioned: the
+        status is no part of the index a mirror copies. O(1)."""
         keys = self.worker_keys(worker)
         change = WorkerChange(
             worker.pod, worker.dp_rank, status.state.value, status.since, status.detail
@@ -616,14 +618,18 @@ class RedisStore(RedisReader, RedisInstances):
                     status.restarts,
                     status.lag_batches,
                     status.lag_seconds,
+                    "" if epoch is None else epoch,
                 ],
             ),
         )
+        if self._registry is not None:
+            self._registry.add(worker)
+        if changed == -1:
+            return False
         if changed:  # after the status: a reader that sees the count reads the new state
             self._feed_written(worker)
             await self._client.incr(self._states_key)
-        if self._registry is not None:
-            self._registry.add(worker)
+        return True
 
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
         """SUNIONSTORE of each part's sets into its unconfirmed set, in Redis; the mirror

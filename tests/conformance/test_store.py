@@ -196,6 +196,23 @@ async def test_the_status_carries_the_streams_counters(store: IndexStore) -> Non
     assert (worker.status.gaps, worker.status.lag_seconds) == (0, 0.0)
 
 
+async def test_a_status_of_an_older_roster_epoch_is_refused(store: IndexStore) -> None:
+    """Central replicas handing a pod over: the one about to release it (its view of the
+    roster older) cannot write its status over the new owner's; an unfenced write (a
+    process that does not split the pods) always lands and keeps the fence."""
+    assert await store.set_status(B, WorkerStatus(WorkerState.LIVE, 5.0), epoch=20)
+    stale = WorkerStatus(WorkerState.CONNECTING, 6.0, "connecting")
+    assert not await store.set_status(B, stale, epoch=19)
+    (worker,) = await store.list_workers()
+    assert (worker.status.state, worker.status.since) == ("live", 5.0)
+    assert await store.set_status(B, WorkerStatus(WorkerState.DEGRADED, 7.0, "gap"), epoch=20)
+    assert await store.set_status(B, WorkerStatus(WorkerState.LIVE, 8.0))
+    assert not await store.set_status(B, stale, epoch=19)
+    assert await store.set_status(B, stale, epoch=21)
+    (worker,) = await store.list_workers()
+    assert (worker.status.state, worker.status.since) == ("connecting", 6.0)
+
+
 async def test_remove_worker_forgets_it(store: IndexStore) -> None:
     await store.apply(A, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
     await store.remove_worker(A)

@@ -1,41 +1,32 @@
-"""A splitting central replica has its streams store their workers' statuses again two beats
-after its view of the replicas changed (`discovery.HANDOVER_BEATS`): while two replicas
-briefly follow one pod, the one about to release it can write its status ("connecting")
-over the owner's ("live"), and nothing else would write it again until the next audit.
-Against a real redis-server's roster."""
+"""A splitting central replica fences the statuses it stores with its view's roster epoch:
+while two replicas briefly follow one pod, the one about to release it (its view older)
+cannot write its status ("connecting") over the new owner's ("live"). Against a real
+redis-server's roster; the store's side of the fence is tests/conformance/test_store.py's.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from functools import partial
 
 import pytest
 
-from kvsi.discovery import HANDOVER_BEATS, PodEvent, PodSnapshot, run_discovery
+from kvsi.discovery import Changes, PodEvent, PodSnapshot, apply_changes, run_discovery
 from kvsi.settings import DiscoveryConfig
 from kvsi.store.memory import MemoryStore
-from kvsi.store.redis.roster import RedisRoster
+from kvsi.store.model import WorkerKey
+from kvsi.store.redis.layout import DEFAULT_PREFIX, roster_key
+from kvsi.store.redis.roster import RedisRoster, epoch_key
 from kvsi.subscriber.pool import StreamPool
+from kvsi.subscriber.stream import PublisherSpec
 from tests.redis_servers import RedisServer, require
 from tests.waiting import until
 
 pytestmark = pytest.mark.redis
 
 BEAT = 0.05
-
-
-class RestatusLog(StreamPool):
-    """A pool with no streams that notes when it was asked to store the statuses again."""
-
-    def __init__(self) -> None:
-        super().__init__([], MemoryStore())
-        self.restatused: list[float] = []
-
-    def restatus(self) -> None:
-        self.restatused.append(time.monotonic())
-        super().restatus()
+CONFIG = DiscoveryConfig(labels={"app": "vllm"}, split=True, replica_id="me", beat_seconds=BEAT)
 
 
 async def no_pods() -> AsyncIterator[PodSnapshot | PodEvent]:
@@ -43,30 +34,64 @@ async def no_pods() -> AsyncIterator[PodSnapshot | PodEvent]:
     yield PodSnapshot(pods=())  # never reached: the watch stays quiet
 
 
-async def test_statuses_are_stored_again_two_beats_after_the_view_changes() -> None:
+async def test_the_statuses_carry_the_rosters_epoch_after_every_beat() -> None:
+    """The gate's epoch is the roster's after each beat: after the first view, after another
+    replica joined (a new view), and after the epoch moved with the same live set (a replica
+    joined and left between two beats: it may have written statuses at its epochs)."""
     require("redis-server")
     server = RedisServer()
     server.start()
     roster, other = RedisRoster.from_url(server.url), RedisRoster.from_url(server.url)
-    pool = RestatusLog()
-    config = DiscoveryConfig(labels={"app": "vllm"}, split=True, replica_id="me", beat_seconds=BEAT)
-    loop = asyncio.create_task(run_discovery(config, pool, no_pods(), roster=roster))
+    pool = StreamPool([], MemoryStore())
+    loop = asyncio.create_task(run_discovery(CONFIG, pool, no_pods(), roster=roster))
 
-    async def restatused(times: int) -> bool:
-        return len(pool.restatused) >= times
+    async def fenced_at_least(epoch: int) -> int | None:
+        now = pool.gate.status_epoch
+        return now if now is not None and now >= epoch else None
 
     try:
-        await until(partial(restatused, 1), 30, "a restatus after the first view")
-        joined = time.monotonic()
-        await other.beat("other", 30)
-        await until(partial(restatused, 2), 30, "a restatus after the other joined")
-        assert pool.restatused[1] - joined >= (HANDOVER_BEATS - 1) * BEAT
-        await asyncio.sleep(10 * BEAT)
-        assert len(pool.restatused) == 2, "no view change, no restatus"
+        first = await until(partial(fenced_at_least, 0), 30, "a fence after the first view")
+        joined = await other.beat("other", 600)
+        assert joined.epoch > first
+        assert await until(partial(fenced_at_least, joined.epoch), 30, "the join's epoch")
+        await until(partial(fenced_at_least, joined.epoch), 30, "the join seen")
+        # As if a replica joined and left between two beats: the set as before, a newer epoch.
+        moved = joined.epoch + 1_000
+        with server.client() as raw:
+            raw.set(epoch_key(roster_key(DEFAULT_PREFIX)), moved)
+        assert await until(partial(fenced_at_least, moved), 10, "the newer epoch, same view")
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await pool.stop()
         await other.close()
-        await roster.close()
         server.remove()
+
+
+class Calls(StreamPool):
+    """A pool with no streams that notes the gate's epoch at each release and start."""
+
+    def __init__(self) -> None:
+        super().__init__([], MemoryStore())
+        self.seen: list[tuple[str, int | None]] = []
+
+    async def add(self, spec: PublisherSpec) -> None:
+        self.seen.append((f"start {spec.pod}", self.gate.status_epoch))
+
+    async def remove(self, pod: str, dp_rank: int) -> bool:
+        self.seen.append((f"stop {pod}", self.gate.status_epoch))
+        return False
+
+
+async def test_a_new_epoch_fences_the_streams_started_not_those_released() -> None:
+    """A stream released on a new view may still write its status as it stops: at the old
+    epoch, which the new owner's refuses. The streams the view starts write at the new one."""
+    pool = Calls()
+    pool.gate.status_epoch = 7
+    changes = Changes(
+        start=(PublisherSpec("pod-new", "tcp://127.0.0.1:1"),),
+        release=(WorkerKey("pod-gone", 0),),
+    )
+    await apply_changes(changes, pool, CONFIG, 8)
+    assert pool.seen == [("stop pod-gone", 7), ("start pod-new", 8)]
+    assert pool.gate.status_epoch == 8

@@ -1,14 +1,18 @@
 """The central replicas' roster on a real Redis and a real Redis Cluster: beats record a
-replica for its TTL on the server's clock, answer who is live, and a leave is seen at once."""
+replica for its TTL on the server's clock, answer who is live with the epoch of that set
+(greater after every change of it, and only then), and a leave is seen at once."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from redis.crc import key_slot
 
-from kvsi.store.base import ReplicaRoster
-from kvsi.store.redis.roster import RedisRoster
+from kvsi.store.base import ReplicaRoster, RosterView
+from kvsi.store.redis.layout import roster_key
+from kvsi.store.redis.roster import RedisRoster, epoch_key
+from kvsi.store.redis.store import open_client
 from kvsi.store.select import StoreURLError, open_roster
 from tests.waiting import until
 
@@ -31,9 +35,13 @@ async def make_roster(server_url: str, prefix: str) -> AsyncIterator[MakeRoster]
 
 async def test_each_beat_answers_the_live_replicas_in_order(make_roster: MakeRoster) -> None:
     a, b = await make_roster(), await make_roster()
-    assert await a.beat("replica-b", 30) == ["replica-b"]
-    assert await b.beat("replica-a", 30) == ["replica-a", "replica-b"]
-    assert await a.beat("replica-b", 30) == ["replica-a", "replica-b"], "a renewal adds nobody"
+    first = await a.beat("replica-b", 30)
+    assert first.live == ["replica-b"]
+    joined = await b.beat("replica-a", 30)
+    assert joined.live == ["replica-a", "replica-b"]
+    assert joined.epoch > first.epoch, "a replica joined: a new epoch"
+    renewed = await a.beat("replica-b", 30)
+    assert renewed == joined, "a renewal adds nobody and keeps the epoch"
 
 
 async def test_a_replica_that_stops_beating_drops_out_after_its_ttl(
@@ -41,19 +49,71 @@ async def test_a_replica_that_stops_beating_drops_out_after_its_ttl(
 ) -> None:
     roster = await make_roster()
     await roster.beat("lost", 0.3)
-    assert await roster.beat("alive", 30) == ["alive", "lost"]
+    both = await roster.beat("alive", 30)
+    assert both.live == ["alive", "lost"]
 
-    async def lost_gone() -> bool:
-        return await roster.beat("alive", 30) == ["alive"]
+    async def lost_gone() -> RosterView | None:
+        view = await roster.beat("alive", 30)
+        return view if view.live == ["alive"] else None
 
-    await until(lost_gone, within=10, what="the lost replica's record ran out")
+    alone = await until(lost_gone, within=10, what="the lost replica's record ran out")
+    assert alone.epoch > both.epoch
 
 
 async def test_a_replica_that_leaves_is_gone_at_once(make_roster: MakeRoster) -> None:
     roster = await make_roster()
-    await roster.beat("leaving", 30)
+    before = await roster.beat("leaving", 30)
     await roster.leave("leaving")
-    assert await roster.beat("staying", 30) == ["staying"]
+    after = await roster.beat("staying", 30)
+    assert after.live == ["staying"]
+    assert after.epoch > before.epoch
+
+
+async def test_the_epoch_moves_on_past_a_join_and_a_leave_between_two_beats(
+    make_roster: MakeRoster,
+) -> None:
+    """The live set is the same again, but a replica joined and left meanwhile (it may have
+    written statuses at its epochs): the epoch is still a new one."""
+    a, b = await make_roster(), await make_roster()
+    before = await a.beat("a", 30)
+    await b.beat("b", 30)
+    await b.leave("b")
+    after = await a.beat("a", 30)
+    assert after.live == before.live == ["a"]
+    assert after.epoch > before.epoch
+
+
+async def test_the_epoch_survives_its_key_lost(
+    make_roster: MakeRoster, server_url: str, prefix: str
+) -> None:
+    """The epoch key gone with the roster (a Redis emptied): the next set's epoch is still
+    greater than every earlier one (the server's time in ms), and in the roster's slot."""
+    roster = await make_roster()
+    before = await roster.beat("a", 30)
+    key = roster_key(prefix)
+    assert key_slot(epoch_key(key).encode()) == key_slot(key.encode())
+    client = open_client(f"{server_url}?prefix={prefix}")[0]
+    try:
+        await client.delete(key)
+        await client.delete(epoch_key(key))
+    finally:
+        await client.aclose()
+    after = await roster.beat("a", 30)
+    assert after.live == ["a"]
+    assert after.epoch > before.epoch
+
+
+def test_the_epoch_key_shares_the_rosters_slot_with_or_without_a_tag() -> None:
+    for roster in ("kvsi:replicas", "{fleet}:replicas", "a{b}c:replicas", "{x:replicas"):
+        assert key_slot(epoch_key(roster).encode()) == key_slot(roster.encode()), roster
+
+
+@pytest.mark.parametrize("prefix", ["{}x", "a}b"])
+def test_a_prefix_no_key_can_share_the_rosters_slot_with_is_refused_in_one_line(
+    prefix: str,
+) -> None:
+    with pytest.raises(StoreURLError, match="no hash tag"):
+        open_roster(f"redis://127.0.0.1:1?prefix={prefix}")
 
 
 async def test_fleets_with_other_prefixes_do_not_see_each_other(
@@ -63,7 +123,7 @@ async def test_fleets_with_other_prefixes_do_not_see_each_other(
     two = RedisRoster.from_url(f"{server_url}?prefix={prefix}-two")
     try:
         await one.beat("r", 30)
-        assert await two.beat("s", 30) == ["s"]
+        assert (await two.beat("s", 30)).live == ["s"]
     finally:
         await one.close()
         await two.close()

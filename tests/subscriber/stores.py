@@ -91,10 +91,12 @@ class RecordingStore:
         self.applied.append((worker, batch.seq, outcome))
         return outcome
 
-    async def set_status(self, worker: WorkerKey, status: WorkerStatus) -> None:
+    async def set_status(
+        self, worker: WorkerKey, status: WorkerStatus, epoch: int | None = None
+    ) -> bool:
         self._check()
         self.statuses.append((worker, status))
-        await self.inner.set_status(worker, status)
+        return await self.inner.set_status(worker, status, epoch)
 
     async def close(self) -> None:
         await self.inner.close()
