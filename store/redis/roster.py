@@ -39,7 +39,6 @@ class RedisRoster:
         self._key = roster_key(prefix)
         self._keys = [self._key, epoch_key(self._key)]
         self._beat = client.register_script(lua("roster"))
-        self._leave = client.register_script(lua("leave"))
 
     @classmethod
     def from_url(cls, url: str) -> RedisRoster:
@@ -54,8 +53,8 @@ class RedisRoster:
         return RosterView(int(epoch), [name.decode() for name in live])
 
     async def leave(self, replica: str) -> None:
-        """leave.lua: ZREM and a new epoch in one step."""
-        await self._leave(keys=self._keys, args=[replica])
+        """roster.lua without a TTL: ZREM and a new epoch in one step."""
+        await self._beat(keys=self._keys, args=[replica, ""])
 
     async def close(self) -> None:
         await self._client.aclose()
