@@ -289,10 +289,10 @@ async def run(args: argparse.Namespace, url: str, ports: list[int]) -> list[dict
                 metrics_port = free_port()
                 stack.enter_context(
                     service(url, publishers[i :: args.ingest_processes], free_port(),
-                            "--no-api", "--metrics-port", str(metrics_port))
+                            "--no-api", "--metrics-port", str(metrics_port), quota=None)
                 )  # fmt: skip
                 ingest.append(f"http://127.0.0.1:{metrics_port}")
-            log = stack.enter_context(service(url, [], port, "--no-ingest"))
+            log = stack.enter_context(service(url, [], port, "--no-ingest", quota=None))
             try:
                 async with asyncio.timeout(BUILD_SECONDS):
                     await until_built(base, args.sessions * BLOCKS_PER_SESSION, args.workers)
