@@ -1,7 +1,8 @@
 """Does a session lookup or a prefix match cost the same at 1,000 workers as at 10?
 
-Run: `.venv/bin/python bench/directory_reads.py` (see bench/README.md "directory_reads.py").
-Starts its own redis-server (as ingest_redis.py does). For each fleet size: FLUSHALL, then
+Run: `.venv/bin/python bench/directory_reads.py [--redis standalone|cluster]` (see
+bench/README.md "directory_reads.py"). Starts its own redis-server or 3-master cluster (as
+redis_apply_cost.py does). For each fleet size: FLUSHALL, then
 `--sessions` sessions of a 10-block prompt of their own (the first block stored with no
 parent, as vLLM stores a prompt's start), session k on worker k % workers, written through
 `RedisStore.apply`; then `--queries` `get_session` and as many `match_prefix` of a session's
@@ -22,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import redis
-from ingest_redis import redis_server
+from redis_apply_cost import servers
 
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
@@ -49,31 +50,34 @@ async def fill(store: IndexStore, workers: list[WorkerKey], sessions: int) -> No
             await store.apply(worker, Batch(seq, 1000.0 + seq, list(events)))
 
 
-def server_totals(raw: redis.Redis) -> tuple[int, float]:
-    """(commands run, CPU seconds) of the server so far."""
-    stats = raw.info("commandstats")
-    calls = sum(int(v["calls"]) for v in stats.values())
-    cpu = raw.info("cpu")
-    return calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+def server_totals(nodes: list[redis.Redis]) -> tuple[int, float]:
+    """(commands run, CPU seconds) of every node so far, less this call's own INFO
+    commands."""
+    calls, cpu = -2 * len(nodes), 0.0
+    for node in nodes:
+        calls += sum(int(v["calls"]) for v in node.info("commandstats").values())
+        info = node.info("cpu")
+        cpu += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return calls, cpu
 
 
 async def measure(
-    raw: redis.Redis | None, requests: list[Callable[[], Awaitable[object]]]
+    nodes: list[redis.Redis], requests: list[Callable[[], Awaitable[object]]]
 ) -> dict[str, float]:
-    """Per request; without `raw` (the memory store) no server figures (0)."""
+    """Per request; without `nodes` (the memory store) no server figures (0)."""
     latencies = []
-    calls0, cpu0 = server_totals(raw) if raw is not None else (2, 0.0)
+    calls0, cpu0 = server_totals(nodes)
     own0 = time.thread_time()
     for request in requests:
         started = time.perf_counter()
         await request()
         latencies.append(time.perf_counter() - started)
     own = time.thread_time() - own0
-    calls1, cpu1 = server_totals(raw) if raw is not None else (0, 0.0)
+    calls1, cpu1 = server_totals(nodes)
     n = len(requests)
     latencies.sort()
     return {
-        "commands": (calls1 - calls0 - 2) / n,  # the two INFO calls of server_totals
+        "commands": (calls1 - calls0) / n,
         "redis_us": (cpu1 - cpu0) / n * 1e6,
         "client_us": own / n * 1e6,
         "p50_ms": statistics.median(latencies) * 1e3,
@@ -81,18 +85,21 @@ async def measure(
     }
 
 
-async def one_size(port: int | None, workers: int, sessions: int, queries: int, seed: int) -> None:
-    """One fleet size on Redis at `port`, or on the memory store (None)."""
-    raw = None if port is None else redis.Redis(port=port)
+async def one_size(
+    redis_at: tuple[str, list[int]] | None, workers: int, sessions: int, queries: int, seed: int
+) -> None:
+    """One fleet size on Redis at (URL, every node's port), or on the memory store (None)."""
+    nodes = [] if redis_at is None else [redis.Redis(port=port) for port in redis_at[1]]
     keys = [WorkerKey(f"pod-{i}", 0) for i in range(workers)]
     store: IndexStore
     reader: IndexStore
-    if raw is None:
+    if redis_at is None:
         store = reader = MemoryStore()
     else:
-        raw.flushall()
-        store = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
-        reader = RedisStore.from_url(f"redis://127.0.0.1:{port}?prefix=bench")
+        for node in nodes:
+            node.flushall()
+        store = RedisStore.from_url(redis_at[0])
+        reader = RedisStore.from_url(redis_at[0])
     await fill(store, keys, sessions)
     rng = random.Random(seed)
     picks = [rng.randrange(sessions) for _ in range(queries)]
@@ -107,10 +114,11 @@ async def one_size(port: int | None, workers: int, sessions: int, queries: int, 
         return lambda: reader.match_prefix(hashes, None)
 
     for kind, make in (("session", lookup), ("prefix", match)):
-        row = await measure(raw, [make(k) for k in picks])
-        server = f"{row['commands']:.1f} | {row['redis_us']:.0f}" if raw else "- | -"
+        row = await measure(nodes, [make(k) for k in picks])
+        server = f"{row['commands']:.1f} | {row['redis_us']:.0f}" if nodes else "- | -"
+        name = "memory" if redis_at is None else "cluster" if len(nodes) > 1 else "redis"
         print(
-            f"| {'redis' if raw else 'memory'} | {workers:,} | {kind} | {server} "
+            f"| {name} | {workers:,} | {kind} | {server} "
             f"| {row['client_us']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |",
             flush=True,
         )
@@ -125,15 +133,16 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     sizes = [int(w) for w in args.workers.split(",")]
-    with redis_server(512) as port:
+    with servers(args.redis, intset_entries=512) as redis_at:
         for workers in sizes:
-            await one_size(port, workers, args.sessions, args.queries, args.seed)
+            await one_size(redis_at, workers, args.sessions, args.queries, args.seed)
     for workers in sizes:
         await one_size(None, workers, args.sessions, args.queries, args.seed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", choices=["standalone", "cluster"], default="standalone")
     parser.add_argument("--workers", default="10,100,1000")
     parser.add_argument("--sessions", type=int, default=20_000)
     parser.add_argument("--queries", type=int, default=2000)
