@@ -361,6 +361,20 @@ def size(
         float | None,
         typer.Option(min=0, help="Routes/s over the fleet (default: 10 per worker)."),
     ] = None,
+    batch_events: Annotated[
+        float | None,
+        typer.Option(
+            min=1, help="Block-events per published batch (default: the agentic shape's 44.2)."
+        ),
+    ] = None,
+    reannounced: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Share of block-events re-announcing an entry (default: agentic's 0.51).",
+        ),
+    ] = None,
     shards: Annotated[
         int | None, typer.Option(min=1, help="Redis shards to plan for (default: as needed).")
     ] = None,
@@ -381,6 +395,7 @@ def size(
         numbers = {
             "--event-rate": event_rate,
             "--query-rate": query_rate,
+            "--batch-events": batch_events,
             "--shard-memory-gib": shard_memory_gib,
             "--process-memory-gib": process_memory_gib,
         }
@@ -392,7 +407,16 @@ def size(
                 f"--shards {shards}: a Redis Cluster has at least {CLUSTER_MIN_MASTERS} "
                 "masters (1 is one Redis)"
             )
-        fleet = describe(workers, entries, sessions, blocks_per_worker, event_rate, query_rate)
+        fleet = describe(
+            workers,
+            entries,
+            sessions,
+            blocks_per_worker,
+            event_rate,
+            query_rate,
+            batch_events,
+            reannounced,
+        )
         budget = Budget(
             cpu_share=cpu_share,
             shard_memory_gib=shard_memory_gib,

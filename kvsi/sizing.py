@@ -43,18 +43,30 @@ class Measured:
     """Bytes per change-feed record (of 64 residencies); a worker keeps `FEED_LENGTH`.
     redis_memory_shape.py."""
 
-    redis_us_per_batch: float = 88.0
-    """µs of Redis CPU per agentic batch applied one at a time (`agentic x1 g1`: a stream
-    keeping up with its engine). ingest_redis.py, "For the sizing model, the bucket
-    writes"."""
+    redis_us_per_call: float = 125.8
+    """µs of Redis CPU per apply call beyond its block-events (the fence, the version log,
+    the change feed's record, each touched session's residency): the line's intercept over
+    batches of 8 to 256 changing block-events, one apply each, round robin over 10 workers
+    on a 3-master cluster. redis_apply_cost.py, "Session 20"."""
 
-    ingest_us_per_batch: float = 174.0
-    """µs of the ingest process's CPU per agentic batch, same run and line as
-    `redis_us_per_batch`."""
+    redis_us_per_changing_event: float = 3.14
+    """µs of Redis CPU per block-event that changes the index (a new (session, block)
+    entry, an evicted block): the same line's slope. redis_apply_cost.py, "Session 20"."""
 
-    block_events_per_batch: float = 458_264 / 8_000
-    """Block-events per batch of the agentic workload those two figures were measured on
-    (458,264 block-events in 4 streams of 2,000 batches). ingest_redis.py."""
+    redis_us_per_reannounced_event: float = 0.56
+    """µs of Redis CPU per block-event re-announcing an entry the session already holds (a
+    reuse report): the slope over re-announcing batches. redis_apply_cost.py, "Session
+    20"."""
+
+    ingest_us_per_call: float = 248.7
+    """µs of the ingest process's CPU per apply call (decode, plan, I/O), the same fit as
+    `redis_us_per_call`. redis_apply_cost.py, "Session 20"."""
+
+    ingest_us_per_changing_event: float = 3.40
+    """µs of ingest CPU per changing block-event. redis_apply_cost.py, "Session 20"."""
+
+    ingest_us_per_reannounced_event: float = 1.31
+    """µs of ingest CPU per re-announced block-event. redis_apply_cost.py, "Session 20"."""
 
     redis_us_per_session_lookup: float = 66.0
     """µs of Redis CPU per `get_session` at 1,000 workers. directory_reads.py, "Reads that
@@ -103,11 +115,20 @@ class Measured:
             + fleet.workers * FEED_LENGTH * self.redis_feed_bytes_per_record
         )
 
-    def redis_us_per_block_event(self) -> float:
-        return self.redis_us_per_batch / self.block_events_per_batch
+    def redis_us_per_block_event(self, fleet: Fleet) -> float:
+        """Redis CPU per block-event of the fleet's batch shape: the call's share, and the
+        block-event's by whether it changes the index or re-announces an entry."""
+        return self.redis_us_per_call / fleet.batch_events + _mixed(
+            fleet, self.redis_us_per_changing_event, self.redis_us_per_reannounced_event
+        )
 
-    def ingest_us_per_block_event(self) -> float:
-        return self.ingest_us_per_batch / self.block_events_per_batch
+    def ingest_us_per_block_event(self, fleet: Fleet) -> float:
+        """Ingest CPU per block-event of the fleet's batch shape, as `redis_us_per_block_event`,
+        with each message's receive around decode and apply."""
+        per_batch = self.ingest_us_per_call + self.receive_us_per_batch
+        return per_batch / fleet.batch_events + _mixed(
+            fleet, self.ingest_us_per_changing_event, self.ingest_us_per_reannounced_event
+        )
 
     def redis_us_per_route(self) -> float:
         return self.redis_us_per_session_lookup + self.redis_us_per_prefix_match
@@ -122,9 +143,14 @@ class Measured:
         prefix = at_small + (at_large - at_small) / (large - small) * (workers - small)
         return self.client_us_per_session_lookup + max(prefix, 0.0)
 
-    def memory_store_us_per_block_event(self) -> float:
+    def memory_store_us_per_block_event(self, fleet: Fleet) -> float:
         apply = 1e6 / self.memory_store_apply_per_cpu_second
-        return apply + self.receive_us_per_batch / self.block_events_per_batch
+        return apply + self.receive_us_per_batch / fleet.batch_events
+
+
+def _mixed(fleet: Fleet, changing: float, reannounced: float) -> float:
+    """A per-block-event cost over the fleet's mix of changing and re-announced ones."""
+    return (1 - fleet.reannounced) * changing + fleet.reannounced * reannounced
 
 
 MEASURED = Measured()
@@ -136,6 +162,12 @@ ENTRIES_PER_SESSION = 100
 """Entries per session when the user gives no session count (the worked example's)."""
 ROUTES_PER_WORKER = 10.0
 """Routes/s per worker when the user gives no rate (the same shape)."""
+BATCH_EVENTS = 44.2
+"""Block-events per batch when the user gives none: the agentic workload's, one apply per
+batch (redis_apply_cost.py, "Session 20")."""
+REANNOUNCED = 0.51
+"""Share of block-events re-announcing an entry when the user gives none: the agentic
+workload's (22.4 of its 44.2 per batch, the same run)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +187,11 @@ class Fleet:
     """Block-events per second over the fleet (blocks stored, reported and removed)."""
     query_rate: float
     """`POST /v1/route` per second over the fleet (a session lookup and a prefix match each)."""
+    batch_events: float = BATCH_EVENTS
+    """Block-events per batch an engine publishes (one batch per engine step with events)."""
+    reannounced: float = REANNOUNCED
+    """Share of block-events that re-announce an entry the session already holds (reuse
+    reports); the rest change the index (new entries, evictions)."""
 
 
 def describe(
@@ -164,9 +201,12 @@ def describe(
     blocks_per_worker: int | None = None,
     event_rate: float | None = None,
     query_rate: float | None = None,
+    batch_events: float | None = None,
+    reannounced: float | None = None,
 ) -> Fleet:
     """A fleet from what the user gave; what is left out takes the worked example's shape
-    (`ENTRIES_PER_SESSION`, one session per block, its rates per worker)."""
+    (`ENTRIES_PER_SESSION`, one session per block, its rates per worker, the agentic
+    workload's batches)."""
     return Fleet(
         workers=workers,
         entries=entries,
@@ -174,6 +214,8 @@ def describe(
         blocks_per_worker=blocks_per_worker or max(1, math.ceil(entries / workers)),
         event_rate=EVENTS_PER_WORKER * workers if event_rate is None else event_rate,
         query_rate=ROUTES_PER_WORKER * workers if query_rate is None else query_rate,
+        batch_events=BATCH_EVENTS if batch_events is None else batch_events,
+        reannounced=REANNOUNCED if reannounced is None else reannounced,
     )
 
 
@@ -257,13 +299,13 @@ def plan(
     by their mirrors' memory, API processes by CPU, and the memory store's one process."""
     redis_bytes = measured.redis_bytes(fleet)
     redis_cores = (
-        fleet.event_rate * measured.redis_us_per_block_event()
+        fleet.event_rate * measured.redis_us_per_block_event(fleet)
         + fleet.query_rate * measured.redis_us_per_route()
     ) / 1e6
     for_memory = units(redis_bytes * budget.memory_headroom, budget.shard_memory_gib * GIB)
     for_cpu = units(redis_cores, budget.cpu_share)
     chosen = shards if shards is not None else cluster_shards(max(for_memory, for_cpu))
-    ingest_cores = fleet.event_rate * measured.ingest_us_per_block_event() / 1e6
+    ingest_cores = fleet.event_rate * measured.ingest_us_per_block_event(fleet) / 1e6
     mirror_bytes = fleet.entries * measured.memory_store_bytes_per_entry
     ingest_processes = max(
         units(ingest_cores, budget.cpu_share),
@@ -272,7 +314,7 @@ def plan(
     api_cores = fleet.query_rate * route_us(measured, fleet.workers) / 1e6
     api_processes = units(api_cores, budget.cpu_share)
     memory_store_cores = (
-        fleet.event_rate * measured.memory_store_us_per_block_event()
+        fleet.event_rate * measured.memory_store_us_per_block_event(fleet)
         + fleet.query_rate * measured.api_us_per_route
     ) / 1e6
     sized = Plan(
@@ -352,6 +394,8 @@ def render(sized: Plan, measured: Measured = MEASURED) -> str:
         f"fleet: {fleet.workers:,} workers, {fleet.entries:,} entries, {fleet.sessions:,} "
         f"sessions, {fleet.blocks_per_worker:,} blocks per worker",
         f"load: {fleet.event_rate:,.0f} block-events/s, {fleet.query_rate:,.0f} routes/s",
+        f"batches: {fleet.batch_events:,.1f} block-events each, "
+        f"{fleet.reannounced:.0%} of them re-announced",
         f"shape: {per_session:,.1f} entries per session, {per_block:,.2f} sessions per block",
         f"budget: {budget.cpu_share:.0%} of a core per shard and process, memory x "
         f"{budget.memory_headroom:g}, {budget.shard_memory_gib:g} GiB per shard, "

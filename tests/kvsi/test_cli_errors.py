@@ -189,6 +189,16 @@ USAGE: list[tuple[str, list[str], str]] = [
         ["size", "--workers", "1", "--entries", "1", "--cpu-share", "2"],
         "--cpu-share",
     ),
+    (
+        "size-empty-batches",
+        ["size", "--workers", "1", "--entries", "1", "--batch-events", "0"],
+        "--batch-events",
+    ),
+    (
+        "size-reannounced-past-all",
+        ["size", "--workers", "1", "--entries", "1", "--reannounced", "1.5"],
+        "--reannounced",
+    ),
 ]
 
 

@@ -151,6 +151,35 @@ def test_what_the_user_leaves_out_takes_the_worked_example_shape() -> None:
     assert describe(10, 5, sessions=3, query_rate=0).query_rate == 0
 
 
+def test_smaller_batches_cost_more_per_block_event() -> None:
+    big, small = plan(BASE), plan(dataclasses.replace(BASE, batch_events=BASE.batch_events / 4))
+    for name in ("redis_cores", "ingest_cores", "memory_store_cores"):
+        assert getattr(small, name) > getattr(big, name), name
+
+
+def test_re_announced_block_events_cost_less_than_changing_ones() -> None:
+    changing = plan(dataclasses.replace(BASE, reannounced=0.0))
+    reannounced = plan(dataclasses.replace(BASE, reannounced=1.0))
+    for name in ("redis_cores", "ingest_cores"):
+        assert getattr(reannounced, name) < getattr(changing, name), name
+
+
+def test_a_block_event_costs_its_share_of_the_call_and_its_kind() -> None:
+    measured = dataclasses.replace(
+        MEASURED,
+        redis_us_per_call=100.0,
+        redis_us_per_changing_event=4.0,
+        redis_us_per_reannounced_event=1.0,
+        ingest_us_per_call=200.0,
+        ingest_us_per_changing_event=6.0,
+        ingest_us_per_reannounced_event=2.0,
+        receive_us_per_batch=50.0,
+    )
+    fleet = dataclasses.replace(BASE, batch_events=50.0, reannounced=0.25)
+    assert measured.redis_us_per_block_event(fleet) == pytest.approx(2.0 + 3.0 + 0.25)
+    assert measured.ingest_us_per_block_event(fleet) == pytest.approx(5.0 + 4.5 + 0.5)
+
+
 def test_the_feed_length_is_the_redis_store_default() -> None:
     assert mirror.FEED_LENGTH == FEED_LENGTH
 
@@ -215,7 +244,12 @@ def test_a_routes_reads_follow_the_measured_line_through_the_fleet(
 
 def test_a_measured_constant_is_read_from_one_place() -> None:
     busy = dataclasses.replace(BASE, query_rate=0)
-    doubled = dataclasses.replace(MEASURED, redis_us_per_batch=2 * MEASURED.redis_us_per_batch)
+    doubled = dataclasses.replace(
+        MEASURED,
+        redis_us_per_call=2 * MEASURED.redis_us_per_call,
+        redis_us_per_changing_event=2 * MEASURED.redis_us_per_changing_event,
+        redis_us_per_reannounced_event=2 * MEASURED.redis_us_per_reannounced_event,
+    )
     assert plan(busy, measured=doubled).redis_cores == pytest.approx(2 * plan(busy).redis_cores)
     bigger = dataclasses.replace(MEASURED, redis_bytes_per_entry=MEASURED.redis_bytes_per_entry + 1)
     assert plan(busy, measured=bigger).redis_bytes == pytest.approx(
