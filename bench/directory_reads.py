@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/directory_reads.py [--redis standalone|cluster]` (see
 bench/README.md "directory_reads.py"). Starts its own redis-server or 3-master cluster (as
-redis_apply_cost.py does). For each fleet size: FLUSHALL, then
+fleet_latency.py does). For each fleet size: FLUSHALL, then
 `--sessions` sessions of a 10-block prompt of their own (the first block stored with no
 parent, as vLLM stores a prompt's start), session k on worker k % workers, written through
 `RedisStore.apply`; then `--queries` `get_session` and as many `match_prefix` of a session's
@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import redis
-from redis_apply_cost import servers
+from fleet_latency import servers
 
 from kvsi.store.base import IndexStore
 from kvsi.store.memory import MemoryStore
@@ -133,7 +133,7 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     sizes = [int(w) for w in args.workers.split(",")]
-    with servers(args.redis, intset_entries=512) as redis_at:
+    with servers(args.redis, 512) as redis_at:
         for workers in sizes:
             await one_size(redis_at, workers, args.sessions, args.queries, args.seed)
     for workers in sizes:

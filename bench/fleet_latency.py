@@ -247,9 +247,10 @@ async def caught_up(fleet: Fleet, ingest: list[str], rate: float) -> None:
 
 
 @contextlib.contextmanager
-def servers(kind: str) -> Iterator[tuple[str, list[int]]]:
-    """The Redis this run uses; yields the store URL and every node's port."""
-    options = ("--set-max-intset-entries", str(INTSET_ENTRIES))
+def servers(kind: str, intset_entries: int = INTSET_ENTRIES) -> Iterator[tuple[str, list[int]]]:
+    """A private redis-server ("standalone") or 3-master cluster ("cluster"); yields the store
+    URL (prefix `bench`) and every node's port, and removes it after."""
+    options = ("--set-max-intset-entries", str(intset_entries))
     if kind == "cluster":
         cluster = RedisClusterServers(*options)
         try:

@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
 import statistics
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
 import redis
+from fleet_latency import servers
 from ingest_memory import agentic
-from processes import REPO
+from route_latency import stored
 
 from kvsi.store.model import ApplyOutcome, Batch, WorkerKey
 from kvsi.store.redis import RedisStore
 from kvsi.subscriber import wire
 from kvsi.subscriber.decode import ingest_decoder
-
-sys.path.insert(0, str(REPO))
-from tests.redis_servers import RedisClusterServers, RedisServer
 
 INTSET_ENTRIES = 4096
 """The servers' `set-max-intset-entries`, as deploy/README.md recommends."""
@@ -41,19 +36,6 @@ STEADY_BLOCKS = 1_000
 """Steady blocks kept before each store evicts as many (route_latency.py's shape)."""
 TOKENS = list(range(BLOCKS_PER_STORE * 16))
 ENCODER = msgspec.msgpack.Encoder()
-
-
-def stored(hashes: list[int], session: str, parent: int | None) -> wire.BlockStored:
-    return wire.BlockStored(
-        block_hashes=list[bytes | int](hashes),
-        parent_block_hash=parent,
-        token_ids=TOKENS,
-        block_size=16,
-        lora_id=None,
-        medium="GPU",
-        lora_name=None,
-        session_id=session,
-    )
 
 
 class Engine:
@@ -80,7 +62,7 @@ class Engine:
             events: list[wire.KVCacheEvent] = []
             for s in range(start, min(sessions, start + PREFILL_PER_BATCH)):
                 hashes = [self.rng.getrandbits(64) for _ in range(BLOCKS_PER_SESSION)]
-                events.append(stored(hashes, f"sess-{s}", None))
+                events.append(stored(hashes, f"sess-{s}", TOKENS))
             out.append(self._batch(events))
         return out
 
@@ -93,7 +75,7 @@ class Engine:
             fresh = [self.rng.getrandbits(64) for _ in range(BLOCKS_PER_STORE)]
             last = self.tails.get(session)
             parent = last[1][-1] if last else None
-            events.append(stored(fresh, session, parent))
+            events.append(stored(fresh, session, TOKENS, parent))
             self.tails[session] = (parent, fresh)
             self.live.extend(fresh)
         while len(self.live) > STEADY_BLOCKS:
@@ -104,7 +86,7 @@ class Engine:
         for _ in range(reused):
             session = self.rng.choice(held)
             parent, blocks = self.tails[session]
-            events.append(stored(list(blocks), session, parent))
+            events.append(stored(list(blocks), session, TOKENS, parent))
         return self._batch(events)
 
 
@@ -232,26 +214,6 @@ def server_cpu(ports: list[int]) -> float:
     return total
 
 
-@contextlib.contextmanager
-def servers(kind: str, intset_entries: int = INTSET_ENTRIES) -> Iterator[tuple[str, list[int]]]:
-    """A private redis-server or 3-master cluster; yields the store URL and every port."""
-    options = ("--set-max-intset-entries", str(intset_entries))
-    if kind == "cluster":
-        cluster = RedisClusterServers(*options)
-        try:
-            cluster.start()
-            yield f"{cluster.url}?prefix=bench", [n.port for n in cluster.nodes]
-        finally:
-            cluster.remove()
-    else:
-        server = RedisServer(*options)
-        try:
-            server.start()
-            yield f"{server.url}/0?prefix=bench", [server.port]
-        finally:
-            server.remove()
-
-
 async def prefilled(store: RedisStore, engines: list[Engine], sessions: int) -> None:
     """Each worker's prefill, in runs of 16 as a stream with a backlog writes it."""
     decoder = ingest_decoder()
@@ -275,7 +237,7 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 async def run(args: argparse.Namespace) -> None:
     shapes = [(s, 0) for s in args.stores] + [(0, r) for r in args.reused]
     results: dict[tuple[int, int], list[Cost]] = {shape: [] for shape in shapes}
-    with servers(args.redis) as (url, ports):
+    with servers(args.redis, INTSET_ENTRIES) as (url, ports):
         store = RedisStore.from_url(url)
         engines = [Engine(args.seed + w) for w in range(args.workers)]
         await prefilled(store, engines, args.sessions)
