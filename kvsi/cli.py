@@ -364,7 +364,7 @@ def size(
     batch_events: Annotated[
         float | None,
         typer.Option(
-            min=1, help="Block-events per published batch (default: the agentic shape's 44.2)."
+            min=1, help="Block-events per published batch (default: the agentic workload's)."
         ),
     ] = None,
     reannounced: Annotated[
@@ -372,7 +372,8 @@ def size(
         typer.Option(
             min=0,
             max=1,
-            help="Share of block-events re-announcing an entry (default: agentic's 0.51).",
+            help="Share of block-events re-announcing an entry a session holds, 0 to 1 "
+            "(default: the agentic workload's).",
         ),
     ] = None,
     shards: Annotated[

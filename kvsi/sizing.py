@@ -163,11 +163,12 @@ ENTRIES_PER_SESSION = 100
 ROUTES_PER_WORKER = 10.0
 """Routes/s per worker when the user gives no rate (the same shape)."""
 BATCH_EVENTS = 44.2
-"""Block-events per batch when the user gives none: the agentic workload's, one apply per
-batch (redis_apply_cost.py, "Session 20")."""
+"""Block-events per batch when the user gives none: the agentic workload's as
+redis_apply_cost.py measures it ("Session 20": batches 300-600 of a fresh engine, before its
+pool fills; the workload's batches grow and re-announce more as it runs)."""
 REANNOUNCED = 0.51
-"""Share of block-events re-announcing an entry when the user gives none: the agentic
-workload's (22.4 of its 44.2 per batch, the same run)."""
+"""Share of block-events re-announcing an entry when the user gives none: the same
+batches'."""
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,29 @@ def test_a_block_event_costs_its_share_of_the_call_and_its_kind() -> None:
     assert measured.ingest_us_per_block_event(fleet) == pytest.approx(5.0 + 4.5 + 0.5)
 
 
+@pytest.mark.e2e
+def test_the_batch_flags_reach_the_plan() -> None:
+    argv = ["size", "--workers", "1000", "--entries", "100000000", "--sessions", "1000000"]
+    rates = ["--event-rate", "1000000", "--query-rate", "10000"]
+    batches = ["--batch-events", "100", "--reannounced", "0.9"]
+    result = subprocess.run(
+        [sys.executable, "-m", "kvsi", *argv, *rates, *batches],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    fleet = describe(1_000, 100_000_000, 1_000_000, None, 1e6, 1e4, 100.0, 0.9)
+    assert "batches: 100.0 block-events each, 90% of them re-announced" in result.stdout
+    assert "a Redis Cluster of 8 masters" in result.stdout  # deploy/SIZING.md's figure
+    assert result.stdout == render(plan(fleet)) + "\n"
+    assert plan(fleet).redis_cores < plan(describe(1_000, 100_000_000, 1_000_000)).redis_cores
+
+
+def test_no_re_announcement_is_kept_as_given() -> None:
+    assert describe(10, 1_000, reannounced=0.0, batch_events=1.0).reannounced == 0.0
+
+
 def test_the_feed_length_is_the_redis_store_default() -> None:
     assert mirror.FEED_LENGTH == FEED_LENGTH
 
