@@ -15,11 +15,12 @@ import pytest
 from kvsi.discovery import Changes, PodEvent, PodSnapshot, apply_changes, run_discovery
 from kvsi.settings import DiscoveryConfig
 from kvsi.store.memory import MemoryStore
-from kvsi.store.model import WorkerKey
+from kvsi.store.model import WorkerKey, WorkerStatus
 from kvsi.store.redis.layout import DEFAULT_PREFIX, roster_key
 from kvsi.store.redis.roster import RedisRoster, epoch_key
 from kvsi.subscriber.pool import StreamPool
 from kvsi.subscriber.stream import PublisherSpec
+from tests.ports import free_port
 from tests.redis_servers import RedisServer, require
 from tests.waiting import until
 
@@ -95,3 +96,49 @@ async def test_a_new_epoch_fences_the_streams_started_not_those_released() -> No
     await apply_changes(changes, pool, CONFIG, 8)
     assert pool.seen == [("stop pod-gone", 7), ("start pod-new", 8)]
     assert pool.gate.status_epoch == 8
+
+
+class HeldStatuses(MemoryStore):
+    """A memory store whose status writes never complete (a write in flight to a store that
+    does not answer): each call is noted with its epoch, and whether it was cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[WorkerKey, int | None]] = []
+        self.pending = 0
+
+    async def set_status(
+        self, worker: WorkerKey, status: WorkerStatus, epoch: int | None = None
+    ) -> bool:
+        self.calls.append((worker, epoch))
+        self.pending += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.pending -= 1
+        return True
+
+
+async def test_a_released_stream_writes_no_status_at_the_new_epoch() -> None:
+    """The stream released on a new view is stopped, its status write in flight cancelled,
+    before the gate takes the view's epoch: every status it ever asked for carries the old
+    epoch, and none is left waiting to be retried at the new one."""
+    store = HeldStatuses()
+    spec = PublisherSpec("pod-gone", f"tcp://127.0.0.1:{free_port()}")
+    pool = StreamPool([spec], store)
+    pool.gate.status_epoch = 7
+    await pool.start()
+
+    async def writing() -> bool | None:
+        return store.pending == 1 or None
+
+    try:
+        await until(writing, 10, "the stream's first status write")
+        await apply_changes(Changes(release=(WorkerKey("pod-gone", 0),)), pool, CONFIG, 8)
+        assert pool.gate.status_epoch == 8
+        assert store.pending == 0
+        await asyncio.sleep(0.2)
+        assert store.calls and all(epoch == 7 for _, epoch in store.calls)
+        assert store.pending == 0
+    finally:
+        await pool.stop()
