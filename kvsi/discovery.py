@@ -349,7 +349,7 @@ async def run_discovery(
                     changes = assignment.on_view(view, planner.running)
                     await _apply(changes, assignment, pool, config, beat.epoch)
                 else:
-                    pool.gate.status_epoch = beat.epoch
+                    _fence_at(pool, beat.epoch)
             await _apply(
                 assignment.on_fleet(planner.expire(time.monotonic())), assignment, pool, config
             )
@@ -389,6 +389,16 @@ async def _apply(
     metrics.DISCOVERY_OWNED_PODS.set(assignment.owned_pods())
 
 
+def _fence_at(pool: StreamPool, epoch: int | None) -> None:
+    """Fence the statuses stored from now on at the roster's `epoch`; on a new one, every
+    kept stream stores its status again: a replica that owned one of its workers between
+    this replica's two views (joined and left between two beats) may have stored its own,
+    at an epoch the new one does not refuse."""
+    if epoch != pool.gate.status_epoch:
+        pool.gate.status_epoch = epoch
+        pool.restatus()
+
+
 async def _pump(
     source: AsyncIterator[PodSnapshot | PodEvent], events: asyncio.Queue[PodSnapshot | PodEvent]
 ) -> None:
@@ -425,7 +435,7 @@ async def apply_changes(
         metrics.DISCOVERY_CHANGES.labels("forgotten").inc()
         log.info("discovery.worker_forgotten", worker=str(key), pod=key.pod)
     if epoch is not None:
-        pool.gate.status_epoch = epoch
+        _fence_at(pool, epoch)
     for spec in changes.start:
         await pool.add(spec)
         metrics.DISCOVERY_CHANGES.labels("started").inc()

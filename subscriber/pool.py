@@ -86,6 +86,11 @@ class StreamPool:
         # landing mid-cleanup) would make term() wait forever; destroy closes them first.
         self._ctx.destroy(linger=0)
 
+    def restatus(self) -> None:
+        """Every stream stores its worker's status again (`WorkerStream.restatus`)."""
+        for stream in self.streams:
+            stream.restatus()
+
     def readiness_reasons(self) -> list[str]:
         """Why ingest keeps the service from being ready: store outage, buffering, repairs."""
         reasons = self.gate.reasons()

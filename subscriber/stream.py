@@ -337,6 +337,12 @@ class WorkerStream:
             self.inbox.wake()
             await asyncio.sleep(period)
 
+    def restatus(self) -> None:
+        """Store the worker's status again (the status task writes what it is now): the
+        statuses' fence moved, and a replica that owned the worker in between may have
+        stored its own."""
+        self.health.changed.set()
+
     async def _audit(self) -> None:
         """Whether the store still holds what this stream stored; status written again.
 

@@ -12,14 +12,23 @@ from functools import partial
 
 import pytest
 
-from kvsi.discovery import Changes, PodEvent, PodSnapshot, apply_changes, run_discovery
+from kvsi.discovery import (
+    Changes,
+    PodEvent,
+    PodInfo,
+    PodSnapshot,
+    apply_changes,
+    run_discovery,
+)
+from kvsi.ownership import owner
 from kvsi.settings import DiscoveryConfig
 from kvsi.store.memory import MemoryStore
-from kvsi.store.model import WorkerKey, WorkerStatus
+from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
 from kvsi.store.redis.layout import DEFAULT_PREFIX, roster_key
 from kvsi.store.redis.roster import RedisRoster, epoch_key
+from kvsi.store.select import open_store
 from kvsi.subscriber.pool import StreamPool
-from kvsi.subscriber.stream import PublisherSpec
+from kvsi.subscriber.stream import IngestOptions, PublisherSpec
 from tests.ports import free_port
 from tests.redis_servers import RedisServer, require
 from tests.waiting import until
@@ -142,3 +151,60 @@ async def test_a_released_stream_writes_no_status_at_the_new_epoch() -> None:
         assert store.pending == 0
     finally:
         await pool.stop()
+
+
+async def test_a_kept_workers_status_is_stored_again_on_a_new_epoch() -> None:
+    """Replica C joins, owns p0, stores p0's status at its epoch and leaves, all between two
+    of A's beats: A never released p0, and on the new epoch its stream stores p0's status
+    again over C's (with the index audit far off, nothing else would)."""
+    require("redis-server")
+    server = RedisServer()
+    server.start()
+    store = open_store(server.url)
+    roster_a, roster_c = RedisRoster.from_url(server.url), RedisRoster.from_url(server.url)
+    c = next(f"c{i}" for i in range(1000) if owner("p0", ["a", f"c{i}"]) == f"c{i}")
+    config = DiscoveryConfig(
+        labels={"app": "vllm"},
+        split=True,
+        replica_id="a",
+        beat_seconds=2.0,
+        replica_ttl_seconds=10.0,
+        replay_port=None,
+        events_port=free_port(),
+    )
+    pool = StreamPool([], store, IngestOptions(index_audit=600.0))
+
+    async def pods() -> AsyncIterator[PodSnapshot | PodEvent]:
+        yield PodSnapshot(pods=(PodInfo("p0", "127.0.0.1", True),))
+        await asyncio.Event().wait()
+
+    loop = asyncio.create_task(run_discovery(config, pool, pods(), roster=roster_a))
+
+    async def status_of_p0() -> WorkerStatus | None:
+        found = [w.status for w in await store.list_workers() if (w.pod, w.dp_rank) == ("p0", 0)]
+        return found[0] if found else None
+
+    try:
+        await until(status_of_p0, 10, "A's first status of p0")
+        first = pool.gate.status_epoch
+        assert first is not None
+        joined = await roster_c.beat(c, 30)
+        assert joined.epoch > first and owner("p0", joined.live) == c
+        theirs = WorkerStatus(WorkerState.DEGRADED, 1.0, f"written by {c}")
+        assert await store.set_status(WorkerKey("p0", 0), theirs, joined.epoch)
+        await roster_c.leave(c)
+
+        async def mine_again() -> WorkerStatus | None:
+            now = await status_of_p0()
+            return now if now is not None and now.detail != theirs.detail else None
+
+        await until(mine_again, 3 * config.beat_seconds, "A's status of p0 stored again")
+        assert pool.gate.status_epoch is not None and pool.gate.status_epoch > joined.epoch
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await pool.stop()
+        await roster_a.close()
+        await roster_c.close()
+        await store.close()
+        server.remove()
