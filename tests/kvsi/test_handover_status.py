@@ -31,6 +31,7 @@ from kvsi.subscriber.pool import StreamPool
 from kvsi.subscriber.stream import IngestOptions, PublisherSpec
 from tests.ports import free_port
 from tests.redis_servers import RedisServer, require
+from tests.subscriber.stores import RecordingStore
 from tests.waiting import until
 
 pytestmark = pytest.mark.redis
@@ -208,3 +209,44 @@ async def test_a_kept_workers_status_is_stored_again_on_a_new_epoch() -> None:
         await roster_c.close()
         await store.close()
         server.remove()
+
+
+class FailingStatuses(RecordingStore):
+    """A store whose status writes fail while `failing` (every other call answers, so the
+    gate retries the status alone); each attempt is noted with its epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = True
+        self.attempts: list[tuple[WorkerKey, int | None]] = []
+
+    async def set_status(
+        self, worker: WorkerKey, status: WorkerStatus, epoch: int | None = None
+    ) -> bool:
+        self.attempts.append((worker, epoch))
+        if self.failing:
+            raise ConnectionError("status writes fail (test)")
+        return await super().set_status(worker, status, epoch)
+
+
+async def test_a_released_streams_status_retried_through_an_outage_keeps_the_old_epoch() -> None:
+    """The gate reads the epoch again at each retry of a status write: a stream released
+    while retrying must be gone before the gate takes the new epoch, or its retry would
+    store its status at it."""
+    store = FailingStatuses()
+    gone = WorkerKey("pod-gone", 0)
+    pool = StreamPool([PublisherSpec("pod-gone", f"tcp://127.0.0.1:{free_port()}")], store)
+    pool.gate.status_epoch = 7
+    await pool.start()
+
+    async def retrying() -> bool | None:
+        return sum(1 for w, _ in store.attempts if w == gone) >= 2 or None
+
+    try:
+        await until(retrying, 10, "the stream's status write retried")
+        await apply_changes(Changes(release=(gone,)), pool, CONFIG, 8)
+        store.failing = False
+        await asyncio.sleep(0.5)  # several of the gate's retry pauses
+        assert all(epoch == 7 for w, epoch in store.attempts if w == gone), store.attempts
+    finally:
+        await pool.stop()
