@@ -52,7 +52,7 @@ class ReplicaBeat:
         try:
             # Bounded so a late answer still lands within the record it renews.
             async with asyncio.timeout(self.ttl - self.beat_seconds):
-                answer = await self.roster.beat(self.me, self.ttl)
+                answer = await self.roster.beat(self.me, self.ttl, self.epoch)
         except Exception as exc:  # any failure: keep the last view while the record lasts
             metrics.DISCOVERY_BEAT_FAILURES.inc()
             log.warning(

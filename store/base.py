@@ -325,11 +325,14 @@ class ReplicaRoster(Protocol):
     TTL, and every renewal answers who is live. Not part of the index; only a shared store
     has one (store/select.py `open_roster`)."""
 
-    async def beat(self, replica: str, ttl: float) -> RosterView:
+    async def beat(self, replica: str, ttl: float, seen: int | None = None) -> RosterView:
         """Record `replica` live for `ttl` seconds from now, drop the records that ran out,
         and return the live replicas (`replica` among them) with their epoch. One atomic
-        step, timed by the store's clock, so replicas' clocks need not agree. O(log
-        replicas) to record, O(replicas) to answer."""
+        step, timed by the store's clock, so replicas' clocks need not agree. `seen`: the
+        latest epoch `replica` was answered; a roster whose epoch is below it lost its
+        last writes (a failover to a replica behind) and takes a new epoch above both, so
+        no epoch is answered twice for different sets. O(log replicas) to record,
+        O(replicas) to answer."""
         ...
 
     async def leave(self, replica: str) -> None:

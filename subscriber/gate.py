@@ -116,14 +116,24 @@ class StoreGate:
     async def publish_status(self, current: Callable[[], tuple[WorkerKey, WorkerStatus]]) -> None:
         """Store `current()`, fenced by `status_epoch`; a retry stores what `current()` says
         then, so a status that waited out an outage lands as the latest one, not the one
-        that failed. A status the fence refuses is dropped: the worker's owner has a newer
-        view (the store keeps its status)."""
+        that failed. A status the fence refuses is dropped, counted and logged: the worker's
+        owner has a newer view (the store keeps its status)."""
 
-        def write() -> Awaitable[bool]:
+        async def write() -> tuple[WorkerKey, int | None, bool]:
             worker, status = current()
-            return self.store.set_status(worker, status, self.status_epoch)
+            epoch = self.status_epoch
+            return worker, epoch, await self.store.set_status(worker, status, epoch)
 
-        await self._call("set_status", write)
+        worker, epoch, stored = await self._call("set_status", write)
+        if not stored:
+            metrics.STATUSES_REFUSED.inc()
+            log.info(
+                "subscriber.status_refused",
+                pod=worker.pod,
+                dp_rank=worker.dp_rank,
+                worker=str(worker),
+                epoch=epoch,
+            )
 
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
         return await self._call("mark_unconfirmed", lambda: self.store.mark_unconfirmed(worker))

@@ -46,15 +46,17 @@ class RedisRoster:
         client, options = open_client(url)
         return cls(client, options.get("prefix", DEFAULT_PREFIX))
 
-    async def beat(self, replica: str, ttl: float) -> RosterView:
+    async def beat(self, replica: str, ttl: float, seen: int | None = None) -> RosterView:
         """roster.lua: ZADD, ZREMRANGEBYSCORE, the epoch, ZRANGE in one step."""
-        reply = await self._beat(keys=self._keys, args=[replica, max(1, round(ttl * 1000))])
+        ttl_ms = max(1, round(ttl * 1000))
+        args: list[str | int] = [replica, ttl_ms, "" if seen is None else seen]
+        reply = await self._beat(keys=self._keys, args=args)
         epoch, live = cast(tuple[int, list[bytes]], reply)
         return RosterView(int(epoch), [name.decode() for name in live])
 
     async def leave(self, replica: str) -> None:
         """roster.lua without a TTL: ZREM and a new epoch in one step."""
-        await self._beat(keys=self._keys, args=[replica, ""])
+        await self._beat(keys=self._keys, args=[replica, "", ""])
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -10,7 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from kvsi.replicas import ReplicaBeat
-from kvsi.store.redis.roster import RedisRoster
+from kvsi.store.redis.layout import DEFAULT_PREFIX, roster_key
+from kvsi.store.redis.roster import RedisRoster, epoch_key
+from kvsi.store.redis.store import open_client
 from tests.redis_servers import RedisServer, require
 from tests.waiting import until
 
@@ -59,3 +61,22 @@ async def test_a_replica_keeps_its_view_while_its_record_lasts_then_claims_nothi
     finally:
         await other.close()
         await beat.roster.close()
+
+
+async def test_a_replica_moves_the_epoch_on_past_one_the_server_lost(server: RedisServer) -> None:
+    """The roster's epoch set back below the one this replica was answered (a failover to a
+    replica behind): its next beat, the live set unchanged, takes a new epoch above what it
+    saw, so statuses it fenced at the old one are not refused, nor answered twice."""
+    roster = RedisRoster.from_url(server.url)
+    beat = ReplicaBeat(roster, "me", BEAT, TTL)
+    client = open_client(server.url)[0]
+    try:
+        assert await beat_until(beat, "first view") == ("me",)
+        seen = beat.epoch
+        assert seen is not None
+        await client.set(epoch_key(roster_key(DEFAULT_PREFIX)), seen - 5_000)
+        assert await beat.beat_if_due(time.monotonic() + BEAT) is None, "the same view"
+        assert beat.epoch is not None and beat.epoch > seen
+    finally:
+        await client.aclose()
+        await roster.close()

@@ -132,3 +132,27 @@ async def test_fleets_with_other_prefixes_do_not_see_each_other(
 def test_the_memory_store_has_no_roster() -> None:
     with pytest.raises(StoreURLError, match="not shared"):
         open_roster("memory")
+
+
+async def test_an_epoch_the_server_lost_is_moved_past_the_one_a_replica_saw(
+    make_roster: MakeRoster, server_url: str, prefix: str
+) -> None:
+    """The server's epoch back below one a replica was answered, the live set unchanged (a
+    failover to a replica that missed the last write): told what it saw, the roster takes a
+    new epoch above it, then keeps it; untold, it would answer the old epoch again for
+    another set."""
+    roster = await make_roster()
+    await roster.beat("a", 30)
+    seen = await roster.beat("b", 30)
+    key = epoch_key(roster_key(prefix))
+    client = open_client(f"{server_url}?prefix={prefix}")[0]
+    try:
+        await client.set(key, seen.epoch - 5_000)
+        assert (await roster.beat("a", 30)).epoch == seen.epoch - 5_000, "untold: the old one"
+        lifted = await roster.beat("a", 30, seen.epoch)
+        assert lifted.live == seen.live == ["a", "b"]
+        assert lifted.epoch > seen.epoch
+        assert await roster.beat("b", 30, lifted.epoch) == lifted, "then kept"
+        assert int(await client.get(key)) == lifted.epoch
+    finally:
+        await client.aclose()

@@ -14,7 +14,8 @@ import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from kvsi.store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerState
+from kvsi.store.memory import MemoryStore
+from kvsi.store.model import ApplyOutcome, Batch, Fence, WorkerKey, WorkerState, WorkerStatus
 from kvsi.subscriber.drops import DropReason
 from kvsi.subscriber.gate import UNAPPLIABLE_AFTER, StoreGate, UnappliableError
 from tests.subscriber.conftest import FAST, RigFactory
@@ -244,3 +245,23 @@ async def test_a_restart_batch_given_up_is_lost_not_a_clean_restart(rig: RigFact
     status = (await r.view()).status
     assert status.state is WorkerState.DEGRADED and status.batches_lost == 1
     assert r.stream.counters.restarts == 0
+
+
+async def test_a_status_the_fence_refuses_is_counted_and_logged_and_the_newer_one_kept() -> None:
+    """A status fenced at an older roster epoch than the store holds (another replica owns the
+    worker at a newer view) is not written: the gate counts and logs it with its epoch, and
+    the store keeps the newer owner's status. One the store takes is neither."""
+    store = MemoryStore()
+    gate = StoreGate(store)
+    before = REGISTRY.get_sample_value("kvsi_statuses_refused_total") or 0.0
+    live = WorkerStatus(WorkerState.LIVE, since=2.0)
+    connecting = WorkerStatus(WorkerState.CONNECTING, since=3.0)
+    with structlog.testing.capture_logs() as logged:
+        gate.status_epoch = 8
+        await gate.publish_status(lambda: (WORKER, live))
+        gate.status_epoch = 7
+        await gate.publish_status(lambda: (WORKER, connecting))
+    refused = [line for line in logged if line["event"] == "subscriber.status_refused"]
+    assert [(line["worker"], line["epoch"]) for line in refused] == [(str(WORKER), 7)]
+    assert REGISTRY.get_sample_value("kvsi_statuses_refused_total") == before + 1
+    assert (await store.worker_states())[WORKER] is WorkerState.LIVE

@@ -6,6 +6,9 @@
 --          has a greater epoch even after the key was lost
 -- ARGV[1]  the replica's id
 -- ARGV[2]  its TTL in milliseconds, or "" to drop its record (`leave`)
+-- ARGV[3]  the latest epoch this replica was answered, or "": a stored epoch below it was
+--          lost with the server's last writes (a failover to a replica behind), and is
+--          set anew as if the live set had changed
 -- Returns {epoch, {ids of the live replicas (records not run out), in id order}}.
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -17,8 +20,9 @@ else
 end
 changed = changed + redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms)
 local epoch = tonumber(redis.call('GET', KEYS[2]))
-if changed > 0 or not epoch then
-  epoch = math.max((epoch or 0) + 1, ms)
+local seen = tonumber(ARGV[3])
+if changed > 0 or not epoch or (seen and epoch < seen) then
+  epoch = math.max((epoch or 0) + 1, ms, (seen or 0) + 1)
   redis.call('SET', KEYS[2], epoch)
 end
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
