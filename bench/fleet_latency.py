@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import os
@@ -142,8 +143,27 @@ def slow_commands(ports: list[int]) -> dict[str, list[float]]:
 
 def applied(bases: list[str]) -> float:
     """Block-events the ingest processes applied so far."""
+    return ingest_counters(bases).block_events
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """The ingest processes' counters at one moment, summed over them."""
+
+    block_events: float
+    applies: float
+    """Apply calls (`kvsi_apply_seconds`' count: one per call, a run of batches or one)."""
+    cpu: float
+    """CPU seconds of the ingest processes (`process_cpu_seconds_total`)."""
+
+
+def ingest_counters(bases: list[str]) -> Ingested:
     texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in bases]
-    return sum(metric(t, "kvsi_fleet_block_events_total") for t in texts)
+    return Ingested(
+        block_events=sum(metric(t, "kvsi_fleet_block_events_total") for t in texts),
+        applies=sum(metric(t, "kvsi_apply_seconds_count") for t in texts),
+        cpu=sum(metric(t, "process_cpu_seconds_total") for t in texts),
+    )
 
 
 @dataclass(frozen=True)
@@ -158,6 +178,10 @@ class Window:
     """Per shard: commands received per second."""
     memory: list[int]
     """Per shard: used_memory at the end."""
+    applies: float = 0.0
+    """Apply calls ingest made (the idle window counts them)."""
+    ingest_cpu: float = 0.0
+    """CPU seconds of the ingest processes (the idle window counts them)."""
 
 
 def window(before: list[Shard], after: list[Shard], seconds: float, events: float) -> Window:
@@ -173,14 +197,34 @@ def window(before: list[Shard], after: list[Shard], seconds: float, events: floa
 
 async def idle_window(ports: list[int], ingest: list[str], seconds: float) -> Window:
     """`seconds` of ingest (and the API's background work) without requests."""
-    events0 = await asyncio.to_thread(applied, ingest)
+    ingested = await asyncio.to_thread(ingest_counters, ingest)
     before = await asyncio.to_thread(shards, ports)
     started = time.monotonic()
     await asyncio.sleep(seconds)
     after = await asyncio.to_thread(shards, ports)
     wall = time.monotonic() - started
-    events = await asyncio.to_thread(applied, ingest) - events0
-    return window(before, after, wall, events)
+    now = await asyncio.to_thread(ingest_counters, ingest)
+    return dataclasses.replace(
+        window(before, after, wall, now.block_events - ingested.block_events),
+        applies=now.applies - ingested.applies,
+        ingest_cpu=now.cpu - ingested.cpu,
+    )
+
+
+def per_apply(idle: Window) -> dict[str, float]:
+    """The idle window's Redis and ingest CPU (cores); with applies, their rate and each
+    one's CPU (µs): ingest's whole work at the fleet's pace, for the sizing model's check
+    (its figures are per apply, measured back to back and paced by redis_apply_cost.py,
+    and per followed worker: the idle window of the no-ingest point)."""
+    rest = {"redis_cores": idle.cpu / idle.seconds, "ingest_cores": idle.ingest_cpu / idle.seconds}
+    if idle.applies <= 0:
+        return rest
+    return rest | {
+        "applies_per_s": idle.applies / idle.seconds,
+        "block_events_per_apply": idle.block_events / idle.applies,
+        "redis_us": idle.cpu / idle.applies * 1e6,
+        "ingest_us": idle.ingest_cpu / idle.applies * 1e6,
+    }
 
 
 def api_share(point: Window, idle: Window, requests: int) -> tuple[float, float]:
@@ -393,6 +437,7 @@ async def point(
         "redis_us_per_request": cpu_us,
         "api_us_per_request": report["cpu"]["service"] * wall / report["sent"] * 1e6,
         "idle_commands_per_s": idle.calls / idle.seconds,
+        "idle_per_apply": per_apply(idle),
         "shard_ops": load.ops,
         "shard_memory_mib": [m / 2**20 for m in load.memory],
     }
@@ -424,8 +469,20 @@ def redis_line(r: dict[str, Any]) -> str:
         f"    redis: {r['commands_per_request']:.1f} commands/request, "
         f"{r['redis_us_per_request']:.0f} us CPU/request, API {r['api_us_per_request']:.0f} us "
         f"CPU/request (idle window "
-        f"{r['idle_commands_per_s']:,.0f} commands/s); per shard ops/s {ops}, "
+        f"{r['idle_commands_per_s']:,.0f} commands/s{idle_applies(r)}); per shard ops/s {ops}, "
         f"used_memory MiB {memory}"
+    )
+
+
+def idle_applies(r: dict[str, Any]) -> str:
+    idle = r["idle_per_apply"]
+    cores = f", Redis {idle['redis_cores']:.3f} and ingest {idle['ingest_cores']:.3f} cores"
+    if "applies_per_s" not in idle:
+        return cores
+    return cores + (
+        f", {idle['applies_per_s']:,.0f} applies/s of {idle['block_events_per_apply']:.1f} "
+        f"block-events, {idle['redis_us']:.0f} us Redis and {idle['ingest_us']:.0f} us ingest "
+        "CPU per apply"
     )
 
 
@@ -435,9 +492,10 @@ def medians(results: list[dict[str, Any]], redis_kind: str) -> None:
     print("| Redis | workers | rps | achieved | route p50 | route p99 | route max | session p50 "
           "| session p99 | session max | errors | ingest/s | commands/request "
           "| Redis CPU us/request | API CPU us/request | shard ops/s | shard MiB | API CPU "
-          "| ingest CPU | Redis CPU | others' CPU |")  # fmt: skip
+          "| ingest CPU | Redis CPU | others' CPU | idle applies/s | idle Redis / ingest us "
+          "per apply |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
-          "---:|---:|---:|---:|")  # fmt: skip
+          "---:|---:|---:|---:|---:|---|")  # fmt: skip
     for name in dict.fromkeys(r["point"] for r in results):
         runs = [r for r in results if r["point"] == name]
         cells = [redis_kind, f"{runs[0]['workers']:,}", name, *point_cells(runs)]
@@ -451,8 +509,21 @@ def medians(results: list[dict[str, Any]], redis_kind: str) -> None:
             " / ".join(f"{o:,.0f}" for o in ops),
             " / ".join(f"{m:,.0f}" for m in memory),
             *cpu_cells(runs),
+            *idle_cells(runs),
         ]
         print("| " + " | ".join(cells) + " |")
+
+
+def idle_cells(runs: list[dict[str, Any]]) -> list[str]:
+    """The idle windows' applies/s and Redis / ingest CPU per apply: medians over runs."""
+    idle = [r["idle_per_apply"] for r in runs if "applies_per_s" in r["idle_per_apply"]]
+    if not idle:
+        return ["-", "-"]
+    rate, redis_us, ingest_us = (
+        statistics.median(i[key] for i in idle)
+        for key in ("applies_per_s", "redis_us", "ingest_us")
+    )
+    return [f"{rate:,.0f}", f"{redis_us:.0f} / {ingest_us:.0f}"]
 
 
 def main() -> None:

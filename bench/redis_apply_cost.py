@@ -1,5 +1,6 @@
 """What one apply costs Redis and the ingest process, by the batch's shape: a cost per call,
-per block-event that changes the index, per block-event that re-announces an entry.
+per block-event that changes the index, per block-event that re-announces an entry; and
+what paced applies cost against the same ones back to back.
 
 Run: `.venv/bin/python bench/redis_apply_cost.py [--redis standalone|cluster]` (see
 bench/README.md). Starts its own redis-server or 3-master cluster on free loopback ports (no
@@ -34,6 +35,9 @@ PREFILL_PER_BATCH = 64
 STEADY_SESSIONS = 100
 STEADY_BLOCKS = 1_000
 """Steady blocks kept before each store evicts as many (route_latency.py's shape)."""
+PACED_STORES = 8
+"""The paced batches' stores: route_latency.py's steady batch (and fleet_latency.py's)."""
+IDLE_SECONDS = 5.0
 TOKENS = list(range(BLOCKS_PER_STORE * 16))
 ENCODER = msgspec.msgpack.Encoder()
 
@@ -97,6 +101,9 @@ class Cost:
     block_events: float
     redis_us: float
     client_us: float
+    calls_per_second: float
+    """Applies per second of wall time: one ingest process's rate (its share of each shard:
+    this over the shards)."""
 
 
 async def measure(
@@ -106,15 +113,31 @@ async def measure(
     stores: int,
     reused: int,
     batches: int,
+    pace: Pace | None = None,
 ) -> Cost:
     """`batches` steady batches of one shape per worker, one `apply` each, round robin over
-    the workers (as a server shared by a fleet sees them)."""
+    the workers (as a server shared by a fleet sees them), back to back or `pace`d."""
     work = []
     for _ in range(batches):
         for w, engine in enumerate(engines):
             payload = engine.steady(stores, reused)
             work.append((WorkerKey(f"pod-{w}", 0), engine.seq, payload))
-    return await applied(store, ports, work, (stores, reused))
+    return await applied(store, ports, work, (stores, reused), pace)
+
+
+@dataclass(frozen=True)
+class PacedScale:
+    shards: int
+    idle_cores: float
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Applies `gap` seconds apart, as a lightly loaded fleet sends them; the servers' own
+    CPU at rest (`idle_cores`, their timers) is taken out of what they are charged."""
+
+    gap: float
+    idle_cores: float
 
 
 async def applied(
@@ -122,6 +145,7 @@ async def applied(
     ports: list[int],
     work: list[tuple[WorkerKey, int, bytes]],
     shape: tuple[int, int] = (0, 0),
+    pace: Pace | None = None,
 ) -> Cost:
     """Decode and apply every (worker, seq, payload), one `apply` each; their cost. The
     store is the one that wrote the workers before: its writers' mirrors are loaded."""
@@ -129,17 +153,23 @@ async def applied(
     events = sum(block_events(payload) for _, _, payload in work)
     server0 = server_cpu(ports)
     cpu0 = time.process_time()
+    wall0 = time.monotonic()
     outcomes = []
     for worker, seq, payload in work:
         decoded = decoder.decode(payload)
         outcomes.append(await store.apply(worker, Batch(seq, decoded.ts, decoded.events)))
+        if pace is not None:
+            await asyncio.sleep(pace.gap)
     client = time.process_time() - cpu0
+    wall = time.monotonic() - wall0
     server = server_cpu(ports) - server0
+    if pace is not None:
+        server -= pace.idle_cores * wall
     odd = [o for o in outcomes if o is not ApplyOutcome.APPLIED]
     if odd:
         raise RuntimeError(f"{len(odd)} of {len(outcomes)} batches not applied: {odd[0]}")
     n = len(work)
-    return Cost(*shape, events / n, server / n * 1e6, client / n * 1e6)
+    return Cost(*shape, events / n, server / n * 1e6, client / n * 1e6, n / wall)
 
 
 class Entries:
@@ -242,6 +272,7 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 async def run(args: argparse.Namespace) -> None:
     shapes = [(s, 0) for s in args.stores] + [(0, r) for r in args.reused]
     results: dict[tuple[int, int], list[Cost]] = {shape: [] for shape in shapes}
+    paced: dict[float, list[Cost]] = {gap: [] for gap in args.gaps}
     with servers(args.redis, INTSET_ENTRIES) as (url, ports):
         store = RedisStore.from_url(url)
         engines = [Engine(args.seed + w) for w in range(args.workers)]
@@ -251,12 +282,36 @@ async def run(args: argparse.Namespace) -> None:
         agentic_run = await measure_agentic(
             store, ports, args.workers, args.agentic_batches, args.seed
         )  # fmt: skip
+        idle = await idle_cores(ports)
         for n in range(args.runs):
             for shape in shapes if n % 2 == 0 else shapes[::-1]:
                 stores, reused = shape
                 cost = await measure(store, ports, engines, stores, reused, args.batches)
                 results[shape].append(cost)
+            for gap in args.gaps if n % 2 == 0 else args.gaps[::-1]:
+                pace = Pace(gap / 1000, idle)
+                cost = await measure(
+                    store, ports, engines, PACED_STORES, 0, args.paced_batches, pace
+                )
+                paced[gap].append(cost)
         await store.close()
+    medians = print_shapes(results)
+    print_fit(args, medians, agentic_run)
+    print_paced(paced, results[(PACED_STORES, 0)], PacedScale(len(ports), idle))
+
+
+async def idle_cores(ports: list[int]) -> float:
+    """The servers' CPU at rest (cores), over `IDLE_SECONDS` without calls."""
+    before = server_cpu(ports)
+    started = time.monotonic()
+    await asyncio.sleep(IDLE_SECONDS)
+    return (server_cpu(ports) - before) / (time.monotonic() - started)
+
+
+def print_shapes(
+    results: dict[tuple[int, int], list[Cost]],
+) -> dict[tuple[int, int], tuple[float, float, float]]:
+    """The table of medians per shape; (block-events, Redis µs, ingest µs) per batch."""
     print("| stores | re-announced | block-events/batch | Redis µs/batch | ingest µs/batch |")
     print("|---:|---:|---:|---:|---:|")
     medians = {}
@@ -266,6 +321,14 @@ async def run(args: argparse.Namespace) -> None:
         medians[shape] = (costs[0].block_events, redis_us, client_us)
         row = (*shape, f"{costs[0].block_events:.0f}", f"{redis_us:.0f}", f"{client_us:.0f}")
         print("| " + " | ".join(str(cell) for cell in row) + " |")
+    return medians
+
+
+def print_fit(
+    args: argparse.Namespace,
+    medians: dict[tuple[int, int], tuple[float, float, float]],
+    agentic_run: tuple[float, float, Cost],
+) -> None:
     changing = [medians[(s, 0)] for s in args.stores]
     reused = [medians[(0, r)] for r in args.reused]
     got, announced, cost = agentic_run
@@ -283,12 +346,42 @@ async def run(args: argparse.Namespace) -> None:
         )
 
 
+def print_paced(
+    paced: dict[float, list[Cost]], back_to_back: list[Cost], cluster: PacedScale
+) -> None:
+    """The paced batches' medians against the same shape back to back, with the applies per
+    second each ingest process and each shard saw."""
+    redis_us = statistics.median(c.redis_us for c in back_to_back)
+    client_us = statistics.median(c.client_us for c in back_to_back)
+    print(
+        f"\n{PACED_STORES}-store batches paced (the servers at rest: {cluster.idle_cores:.4f} "
+        f"cores, taken out), against the same back to back"
+    )
+    print(
+        "| ms between applies | applies/s | per shard | Redis µs/batch | x back to back "
+        "| ingest µs/batch | x back to back |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [("back to back", back_to_back)] + [(f"{gap:g}", costs) for gap, costs in paced.items()]
+    for name, costs in rows:
+        rate = statistics.median(c.calls_per_second for c in costs)
+        paced_redis = statistics.median(c.redis_us for c in costs)
+        paced_client = statistics.median(c.client_us for c in costs)
+        print(
+            f"| {name} | {rate:,.0f} | {rate / cluster.shards:,.0f} | {paced_redis:.0f} | "
+            f"{paced_redis / redis_us:.2f} | {paced_client:.0f} | {paced_client / client_us:.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--redis", choices=["standalone", "cluster"], default="standalone")
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument(
-        "--sessions", type=int, default=2_000, help="prefilled 10-block prompts per worker"
+        "--sessions",
+        type=int,
+        default=10_000,
+        help="prefilled 10-block prompts per worker (10,000: the worked example's entries)",
     )
     parser.add_argument(
         "--stores", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32]
@@ -298,9 +391,21 @@ def main() -> None:
     )
     parser.add_argument("--batches", type=int, default=50, help="per worker and shape")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--gaps",
+        type=lambda s: [float(x) for x in s.split(",")] if s else [],
+        default=[1.0, 3.0, 10.0, 30.0],
+        help="ms between paced applies (empty: none)",
+    )
+    parser.add_argument("--paced-batches", type=int, default=10, help="per worker and gap")
     parser.add_argument("--agentic-batches", type=int, default=300, help="per worker, twice")
     parser.add_argument("--seed", type=int, default=7)
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    if args.gaps and PACED_STORES not in args.stores:
+        parser.error(f"--gaps compares with the {PACED_STORES}-store shape: add it to --stores")
+    if len(args.stores) < 2 or len(args.reused) < 2:
+        parser.error("--stores and --reused: two shapes each at least, to fit a line")
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

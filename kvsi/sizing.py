@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 GIB = 1024**3
+LoadCurve = tuple[tuple[float, float], ...]
+"""(applies per second one unit receives, its CPU per apply over the same applies back to
+back), by rising rate; the busiest point is the back-to-back one (1.0)."""
 FEED_LENGTH = 1_000
 """Records kept per worker's change feed: the Redis store's `feed_length` default."""
 CLUSTER_MIN_MASTERS = 3
@@ -43,30 +47,63 @@ class Measured:
     """Bytes per change-feed record (of 64 residencies); a worker keeps `FEED_LENGTH`.
     redis_memory_shape.py."""
 
-    redis_us_per_call: float = 125.8
+    redis_us_per_call: float = 105.2
     """µs of Redis CPU per apply call beyond its block-events (the fence, the version log,
     the change feed's record, each touched session's residency): the line's intercept over
-    batches of 8 to 256 changing block-events, one apply each, round robin over 10 workers
-    on a 3-master cluster. redis_apply_cost.py, "Session 20"."""
+    batches of 8 to 256 changing block-events, one apply each, back to back, round robin
+    over 10 workers of 100,000 entries on a 3-master cluster. redis_apply_cost.py, "Session
+    21" (the median of three runs)."""
 
-    redis_us_per_changing_event: float = 3.14
+    redis_us_per_changing_event: float = 2.57
     """µs of Redis CPU per block-event that changes the index (a new (session, block)
-    entry, an evicted block): the same line's slope. redis_apply_cost.py, "Session 20"."""
+    entry, an evicted block): the same line's slope. redis_apply_cost.py, "Session 21"."""
 
-    redis_us_per_reannounced_event: float = 0.56
+    redis_us_per_reannounced_event: float = 0.28
     """µs of Redis CPU per block-event re-announcing an entry the session already holds (a
     reuse report): the slope over re-announcing batches. redis_apply_cost.py, "Session
-    20"."""
+    21"."""
 
-    ingest_us_per_call: float = 248.7
+    ingest_us_per_call: float = 142.2
     """µs of the ingest process's CPU per apply call (decode, plan, I/O), the same fit as
-    `redis_us_per_call`. redis_apply_cost.py, "Session 20"."""
+    `redis_us_per_call`. redis_apply_cost.py, "Session 21"."""
 
-    ingest_us_per_changing_event: float = 3.40
-    """µs of ingest CPU per changing block-event. redis_apply_cost.py, "Session 20"."""
+    ingest_us_per_changing_event: float = 2.18
+    """µs of ingest CPU per changing block-event. redis_apply_cost.py, "Session 21"."""
 
-    ingest_us_per_reannounced_event: float = 1.31
-    """µs of ingest CPU per re-announced block-event. redis_apply_cost.py, "Session 20"."""
+    ingest_us_per_reannounced_event: float = 0.87
+    """µs of ingest CPU per re-announced block-event. redis_apply_cost.py, "Session 21"."""
+
+    redis_light_load: LoadCurve = (
+        (11.0, 1.77),
+        (29.0, 1.93),
+        (85.0, 1.57),
+        (188.0, 1.30),
+        (603.0, 1.0),
+    )
+    """A Redis shard's CPU per apply at so many applies per second, over the same applies
+    back to back (the figures above): a shard that rests between calls pays more for each
+    (its caches gone cold, a wake-up per call). redis_apply_cost.py, "Session 21", 8-store
+    batches paced (each point the median of three runs)."""
+
+    ingest_light_load: LoadCurve = (
+        (32.0, 3.35),
+        (88.0, 2.58),
+        (256.0, 1.51),
+        (565.0, 1.28),
+        (1_810.0, 1.0),
+    )
+    """The same for an ingest process at so many applies per second (a sidecar's are its
+    worker's batches; a central process's, its share of the fleet's). redis_apply_cost.py,
+    "Session 21"."""
+
+    redis_us_per_stream_second: float = 24.0
+    """µs of Redis CPU per second per followed worker, batches or none: its stream's index
+    audit and status write every `index_audit_seconds`. fleet_latency.py, "Session 21": the
+    no-ingest idle window at 1,000 workers less the one at 10, over the 990 workers."""
+
+    ingest_us_per_stream_second: float = 72.0
+    """µs of ingest CPU per second per followed worker, batches or none (the same audits,
+    the stream's timers and socket). fleet_latency.py, "Session 21", the same windows."""
 
     redis_us_per_session_lookup: float = 66.0
     """µs of Redis CPU per `get_session` at 1,000 workers. directory_reads.py, "Reads that
@@ -116,15 +153,16 @@ class Measured:
         )
 
     def redis_us_per_block_event(self, fleet: Fleet) -> float:
-        """Redis CPU per block-event of the fleet's batch shape: the call's share, and the
-        block-event's by whether it changes the index or re-announces an entry."""
+        """Redis CPU per block-event of the fleet's batch shape on a busy shard: the call's
+        share, and the block-event's by whether it changes the index or re-announces an
+        entry."""
         return self.redis_us_per_call / fleet.batch_events + _mixed(
             fleet, self.redis_us_per_changing_event, self.redis_us_per_reannounced_event
         )
 
     def ingest_us_per_block_event(self, fleet: Fleet) -> float:
-        """Ingest CPU per block-event of the fleet's batch shape, as `redis_us_per_block_event`,
-        with each message's receive around decode and apply."""
+        """Ingest CPU per block-event of the fleet's batch shape in a busy process, as
+        `redis_us_per_block_event`, with each message's receive around decode and apply."""
         per_batch = self.ingest_us_per_call + self.receive_us_per_batch
         return per_batch / fleet.batch_events + _mixed(
             fleet, self.ingest_us_per_changing_event, self.ingest_us_per_reannounced_event
@@ -146,6 +184,24 @@ class Measured:
     def memory_store_us_per_block_event(self, fleet: Fleet) -> float:
         apply = 1e6 / self.memory_store_apply_per_cpu_second
         return apply + self.receive_us_per_batch / fleet.batch_events
+
+
+def light_load(curve: LoadCurve, rate: float) -> float:
+    """CPU per apply at `rate` applies/s on one unit, over the same back to back: 1 at or
+    above the curve's busiest point, its least busy point's factor below that point, and in
+    between interpolated on log(rate); never less than at a busier point (the measured
+    points are one run each: a lighter load is not taken to cost less)."""
+    points = sorted(curve)
+    ceiling = [max(f for _, f in points[i:]) for i in range(len(points))]
+    if rate <= points[0][0]:
+        return ceiling[0]
+    for (low, _), (high, _), f_low, f_high in zip(
+        points, points[1:], ceiling, ceiling[1:], strict=False
+    ):
+        if rate <= high:
+            at = math.log(rate / low) / math.log(high / low)
+            return f_low + (f_high - f_low) * at
+    return ceiling[-1]
 
 
 def _mixed(fleet: Fleet, changing: float, reannounced: float) -> float:
@@ -262,7 +318,10 @@ class Plan:
     redis_bytes: float
     redis_cores: float
     ingest_cores: float
+    """Over the central processes."""
     ingest_processes: int
+    sidecar_cores: float
+    """Of one sidecar, following one worker."""
     mirror_bytes: float
     api_cores: float
     api_processes: int
@@ -299,17 +358,12 @@ def plan(
     """Size a fleet: Redis shards by memory and by CPU, central ingest processes by CPU and
     by their mirrors' memory, API processes by CPU, and the memory store's one process."""
     redis_bytes = measured.redis_bytes(fleet)
-    redis_cores = (
-        fleet.event_rate * measured.redis_us_per_block_event(fleet)
-        + fleet.query_rate * measured.redis_us_per_route()
-    ) / 1e6
     for_memory = units(redis_bytes * budget.memory_headroom, budget.shard_memory_gib * GIB)
-    for_cpu = units(redis_cores, budget.cpu_share)
+    for_cpu = fewest(lambda n: redis_cores(fleet, measured, n), budget.cpu_share)
     chosen = shards if shards is not None else cluster_shards(max(for_memory, for_cpu))
-    ingest_cores = fleet.event_rate * measured.ingest_us_per_block_event(fleet) / 1e6
     mirror_bytes = fleet.entries * measured.memory_store_bytes_per_entry
     ingest_processes = max(
-        units(ingest_cores, budget.cpu_share),
+        fewest(lambda n: ingest_cores(fleet, measured, n), budget.cpu_share),
         units(mirror_bytes * budget.memory_headroom, budget.process_memory_gib * GIB),
     )
     api_cores = fleet.query_rate * route_us(measured, fleet.workers) / 1e6
@@ -325,9 +379,10 @@ def plan(
         shards_for_memory=for_memory,
         shards_for_cpu=for_cpu,
         redis_bytes=redis_bytes,
-        redis_cores=redis_cores,
-        ingest_cores=ingest_cores,
+        redis_cores=redis_cores(fleet, measured, chosen),
+        ingest_cores=ingest_cores(fleet, measured, ingest_processes),
         ingest_processes=ingest_processes,
+        sidecar_cores=ingest_cores(fleet, measured, fleet.workers) / fleet.workers,
         mirror_bytes=mirror_bytes,
         api_cores=api_cores,
         api_processes=api_processes,
@@ -335,6 +390,39 @@ def plan(
         memory_store_cores=memory_store_cores,
     )
     return dataclasses.replace(sized, bottlenecks=bottlenecks(sized))
+
+
+def applies_per_second(fleet: Fleet) -> float:
+    """Apply calls over the fleet: one per batch (a stream keeping up applies each alone)."""
+    return fleet.event_rate / fleet.batch_events
+
+
+def redis_cores(fleet: Fleet, measured: Measured, shards: int) -> float:
+    """Redis CPU of the fleet spread evenly over `shards`: the applies, each at the cost of
+    the load a shard then sees (`light_load`), every stream's upkeep, the routes' reads."""
+    rest = light_load(measured.redis_light_load, applies_per_second(fleet) / shards)
+    applies = fleet.event_rate * measured.redis_us_per_block_event(fleet) * rest
+    streams = fleet.workers * measured.redis_us_per_stream_second
+    return (applies + streams + fleet.query_rate * measured.redis_us_per_route()) / 1e6
+
+
+def ingest_cores(fleet: Fleet, measured: Measured, processes: int) -> float:
+    """Ingest CPU of the fleet spread evenly over `processes` (central ones, or one sidecar
+    per worker), each apply at the cost of the load a process then sees, and every
+    stream's upkeep."""
+    rest = light_load(measured.ingest_light_load, applies_per_second(fleet) / processes)
+    applies = fleet.event_rate * measured.ingest_us_per_block_event(fleet) * rest
+    return (applies + fleet.workers * measured.ingest_us_per_stream_second) / 1e6
+
+
+def fewest(cores: Callable[[int], float], share: float) -> int:
+    """The fewest units that each carry at most `share` of a core, the load spread evenly
+    over them (`cores(n)`: the load on n units; more units rest more between applies, so
+    the load grows with n, and never fits fewer units than it does one)."""
+    count = units(cores(1), share)
+    while cores(count) > count * share + 1e-9:
+        count += 1
+    return count
 
 
 def route_us(measured: Measured, workers: int) -> float:
@@ -345,7 +433,7 @@ def route_us(measured: Measured, workers: int) -> float:
 
 def bottlenecks(sized: Plan) -> tuple[Bottleneck, ...]:
     """Each limit at its busiest unit, the fleet's load spread evenly over the units."""
-    fleet, budget = sized.fleet, sized.budget
+    budget = sized.budget
     return (
         Bottleneck("Redis CPU per shard", "cores", sized.redis_cores / sized.shards, 1.0),
         Bottleneck(
@@ -366,7 +454,7 @@ def bottlenecks(sized: Plan) -> tuple[Bottleneck, ...]:
             sized.mirror_bytes / sized.ingest_processes / GIB,
             budget.process_memory_gib,
         ),
-        Bottleneck("ingest CPU per sidecar", "cores", sized.ingest_cores / fleet.workers, 1.0),
+        Bottleneck("ingest CPU per sidecar", "cores", sized.sidecar_cores, 1.0),
         Bottleneck("API CPU per process", "cores", sized.api_cores / sized.api_processes, 1.0),
     )
 
@@ -406,9 +494,9 @@ def render(sized: Plan, measured: Measured = MEASURED) -> str:
         f"  index {shown_bytes(sized.redis_bytes)}, planned "
         f"{shown_bytes(sized.redis_bytes * budget.memory_headroom / sized.shards)} per shard",
         f"  CPU {sized.redis_cores:,.2f} cores, {sized.redis_cores / sized.shards:,.2f} per shard",
-        f"ingest: {sized.ingest_cores:,.2f} cores: one sidecar per worker "
-        f"({sized.ingest_cores / fleet.workers:,.4f} cores each), or "
-        f"{counted(sized.ingest_processes, 'central process')}",
+        f"ingest: {counted(sized.ingest_processes, 'central process')} for "
+        f"{sized.ingest_cores:,.2f} cores, or one sidecar per worker at "
+        f"{sized.sidecar_cores:,.4f} cores each",
         f"  mirrors {shown_bytes(sized.mirror_bytes)} in all, "
         f"{shown_bytes(sized.mirror_bytes / fleet.workers)} per sidecar",
         f"API: {counted(sized.api_processes, 'process')} for {sized.api_cores:,.2f} cores "

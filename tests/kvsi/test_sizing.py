@@ -22,6 +22,8 @@ from kvsi.sizing import (
     Plan,
     cluster_shards,
     describe,
+    fewest,
+    light_load,
     plan,
     render,
     units,
@@ -126,11 +128,20 @@ def test_the_planned_units_keep_each_bottleneck_within_the_budget() -> None:
             assert limit.headroom >= 1 / budget.cpu_share - 1e-9, limit
 
 
-def test_no_load_is_infinite_headroom_and_one_of_everything() -> None:
+def test_no_load_is_one_of_everything_and_the_streams_upkeep() -> None:
+    """No events and no routes: one of each unit; Redis and ingest still carry each followed
+    worker's audits, the API nothing (infinite headroom)."""
     sized = plan(quiet(BASE))
     assert (sized.shards, sized.ingest_processes, sized.api_processes) == (1, 1, 1)
+    assert sized.redis_cores == pytest.approx(
+        BASE.workers * MEASURED.redis_us_per_stream_second / 1e6
+    )
+    assert sized.ingest_cores == pytest.approx(
+        BASE.workers * MEASURED.ingest_us_per_stream_second / 1e6
+    )
+    assert sized.sidecar_cores == pytest.approx(MEASURED.ingest_us_per_stream_second / 1e6)
     idle = {b.name for b in sized.bottlenecks if math.isinf(b.headroom)}
-    assert "API CPU per process" in idle and "Redis CPU per shard" in idle
+    assert idle == {"API CPU per process"}
     assert "API CPU per process" in render(sized)
 
 
@@ -194,7 +205,7 @@ def test_the_batch_flags_reach_the_plan() -> None:
     assert result.returncode == 0, result.stderr
     fleet = describe(1_000, 100_000_000, 1_000_000, None, 1e6, 1e4, 100.0, 0.9)
     assert "batches: 100.0 block-events each, 90% of them re-announced" in result.stdout
-    assert "a Redis Cluster of 8 masters" in result.stdout  # deploy/SIZING.md's figure
+    assert "a Redis Cluster of 7 masters" in result.stdout  # deploy/SIZING.md's figure
     assert result.stdout == render(plan(fleet)) + "\n"
     assert plan(fleet).redis_cores < plan(describe(1_000, 100_000_000, 1_000_000)).redis_cores
 
@@ -273,8 +284,61 @@ def test_a_measured_constant_is_read_from_one_place() -> None:
         redis_us_per_changing_event=2 * MEASURED.redis_us_per_changing_event,
         redis_us_per_reannounced_event=2 * MEASURED.redis_us_per_reannounced_event,
     )
-    assert plan(busy, measured=doubled).redis_cores == pytest.approx(2 * plan(busy).redis_cores)
+    streams = BASE.workers * MEASURED.redis_us_per_stream_second / 1e6
+    assert plan(busy, measured=doubled, shards=3).redis_cores - streams == pytest.approx(
+        2 * (plan(busy, shards=3).redis_cores - streams)
+    )
     bigger = dataclasses.replace(MEASURED, redis_bytes_per_entry=MEASURED.redis_bytes_per_entry + 1)
     assert plan(busy, measured=bigger).redis_bytes == pytest.approx(
         plan(busy).redis_bytes + BASE.entries
     )
+
+
+CURVE = ((10.0, 2.0), (40.0, 2.5), (160.0, 1.5), (640.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("rate", "factor"),
+    [
+        (0.0, 2.5),  # below the least busy point: its factor (made no lower than a busier one's)
+        (10.0, 2.5),
+        (20.0, 2.5),  # the measured 2.0 at 10/s is below 2.5 at 40/s: a lighter load costs no less
+        (40.0, 2.5),
+        (80.0, 2.0),  # halfway on log(rate) from 40 to 160
+        (160.0, 1.5),
+        (320.0, 1.25),
+        (640.0, 1.0),
+        (10_000.0, 1.0),  # busier than back to back: the back-to-back cost
+    ],
+)
+def test_an_apply_costs_more_the_more_its_unit_rests(rate: float, factor: float) -> None:
+    assert light_load(CURVE, rate) == pytest.approx(factor)
+
+
+def test_the_measured_curves_fall_to_one_at_their_busiest_point() -> None:
+    for curve in (MEASURED.redis_light_load, MEASURED.ingest_light_load):
+        rates = [rate for rate, _ in curve]
+        assert rates == sorted(rates) and curve[-1][1] == 1.0
+        assert all(factor >= 1.0 for _, factor in curve)
+
+
+def test_shards_that_rest_spend_more_on_the_same_applies() -> None:
+    """The same fleet on more shards: each rests longer between applies, so Redis spends
+    more in all (the reads are the same); a sidecar, following one worker, spends more per
+    block-event than a central process following many."""
+    light = dataclasses.replace(BASE, query_rate=0)
+    few, many = plan(light, shards=3), plan(light, shards=300)
+    assert many.redis_cores > few.redis_cores
+    calls = light.event_rate / light.batch_events
+    applies = light.event_rate * MEASURED.redis_us_per_block_event(light)
+    streams = light.workers * MEASURED.redis_us_per_stream_second
+    rest = light_load(MEASURED.redis_light_load, calls / 300)
+    assert many.redis_cores == pytest.approx((applies * rest + streams) / 1e6)
+    assert few.sidecar_cores * light.workers > few.ingest_cores
+
+
+def test_the_fewest_units_carry_the_load_they_make_at_that_count() -> None:
+    """More units rest more: a load that fits two at its one-unit figure needs three."""
+    assert fewest(lambda n: 0.9 + 0.1 * n, 0.5) == 3
+    assert fewest(lambda n: 0.9, 0.5) == 2
+    assert fewest(lambda n: 0.0, 0.5) == 1
