@@ -261,10 +261,17 @@ async def bulk_load(fleet: Fleet, url: str, sessions: int) -> None:
         pub = fleet.pubs[w]
         key = WorkerKey(f"vllm-{w}", 0)
         async with gate:
-            prefill = fleet.prefill_batches(w, sessions)
-            batches = [await published(pub, decoder, events) for events in prefill]
-            for start in range(0, len(batches), RUN):
-                await store.apply_many(key, batches[start : start + RUN])
+            # A run written as soon as it is published: publishing a worker's whole prefill
+            # first held the event loop long enough (10 workers of 100,000 sessions each)
+            # to time out the cluster client's connections.
+            run: list[Batch] = []
+            for events in fleet.prefill_batches(w, sessions):
+                run.append(await published(pub, decoder, events))
+                if len(run) == RUN:
+                    await store.apply_many(key, run)
+                    run = []
+            if run:
+                await store.apply_many(key, run)
 
     try:
         await asyncio.gather(*(one(w) for w in range(len(fleet.pubs))))
