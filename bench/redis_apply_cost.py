@@ -297,7 +297,8 @@ async def run(args: argparse.Namespace) -> None:
         await store.close()
     medians = print_shapes(results)
     print_fit(args, medians, agentic_run)
-    print_paced(paced, results[(PACED_STORES, 0)], PacedScale(len(ports), idle))
+    if args.gaps:
+        print_paced(paced, results[(PACED_STORES, 0)], PacedScale(len(ports), idle))
 
 
 async def idle_cores(ports: list[int]) -> float:

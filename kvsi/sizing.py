@@ -98,12 +98,14 @@ class Measured:
 
     redis_us_per_stream_second: float = 24.0
     """µs of Redis CPU per second per followed worker, batches or none: its stream's index
-    audit and status write every `index_audit_seconds`. fleet_latency.py, "Session 21": the
-    no-ingest idle window at 1,000 workers less the one at 10, over the 990 workers."""
+    audit and status write every `index_audit_seconds` (at its default, 5 s), and one API
+    process's change-feed read of it. fleet_latency.py, "Session 21": the no-ingest idle
+    window at 1,000 workers less the one at 10, over the 990 workers."""
 
     ingest_us_per_stream_second: float = 72.0
-    """µs of ingest CPU per second per followed worker, batches or none (the same audits,
-    the stream's timers and socket). fleet_latency.py, "Session 21", the same windows."""
+    """µs of ingest CPU per second per followed worker, batches or none (the same audits at
+    the default period, the stream's timers and socket). fleet_latency.py, "Session 21",
+    the same windows."""
 
     redis_us_per_session_lookup: float = 66.0
     """µs of Redis CPU per `get_session` at 1,000 workers. directory_reads.py, "Reads that
@@ -187,8 +189,9 @@ class Measured:
 
 
 def light_load(curve: LoadCurve, rate: float) -> float:
-    """CPU per apply at `rate` applies/s on one unit, over the same back to back: 1 at or
-    above the curve's busiest point, its least busy point's factor below that point, and in
+    """CPU per apply at `rate` applies/s on one unit, over the same back to back: the
+    busiest point's factor at or above it (1.0 on the measured curves), the least busy
+    point's below that point, and in
     between interpolated on log(rate); never less than at a busier point (the measured
     points are one run each: a lighter load is not taken to cost less)."""
     points = sorted(curve)

@@ -331,7 +331,10 @@ class ReplicaRoster(Protocol):
         step, timed by the store's clock, so replicas' clocks need not agree. `seen`: the
         latest epoch `replica` was answered; a roster whose epoch is below it lost its
         last writes (a failover to a replica behind) and takes a new epoch above both, so
-        no epoch is answered twice for different sets. O(log replicas) to record,
+        an epoch a beating replica saw is not answered again for another set. One that no
+        replica beating since saw can be (after such a failover, to a server whose clock
+        is behind the lost epoch's), and the status fence takes the two sets' statuses as
+        one view's until the next change of the set. O(log replicas) to record,
         O(replicas) to answer."""
         ...
 

@@ -48,8 +48,7 @@ STATUSES_REFUSED = Counter(
     "kvsi_statuses_refused_total",
     "Worker statuses the store refused as fenced at an older roster epoch than the one it "
     "holds (central replicas, discovery.split): another replica owns the worker at a newer "
-    "view. Rising steadily on one replica: its roster epoch lags (its beats failing, or the "
-    "roster's server clock moved back).",
+    "view. Rising steadily on one replica: its roster epoch lags (its beats failing).",
 )
 
 

@@ -65,18 +65,24 @@ async def test_a_replica_keeps_its_view_while_its_record_lasts_then_claims_nothi
 
 async def test_a_replica_moves_the_epoch_on_past_one_the_server_lost(server: RedisServer) -> None:
     """The roster's epoch set back below the one this replica was answered (a failover to a
-    replica behind): its next beat, the live set unchanged, takes a new epoch above what it
-    saw, so statuses it fenced at the old one are not refused, nor answered twice."""
+    replica behind, whose clock is behind too): its next beat, the live set unchanged, takes
+    a new epoch above what it saw, so statuses it fenced at the old one are not refused,
+    nor answered twice."""
     roster = RedisRoster.from_url(server.url)
     beat = ReplicaBeat(roster, "me", BEAT, TTL)
     client = open_client(server.url)[0]
+    key = epoch_key(roster_key(DEFAULT_PREFIX))
     try:
         assert await beat_until(beat, "first view") == ("me",)
-        seen = beat.epoch
-        assert seen is not None
-        await client.set(epoch_key(roster_key(DEFAULT_PREFIX)), seen - 5_000)
+        first = beat.epoch
+        assert first is not None
+        await client.set(key, first + 60_000)  # as a server whose clock is ahead gave it
         assert await beat.beat_if_due(time.monotonic() + BEAT) is None, "the same view"
-        assert beat.epoch is not None and beat.epoch > seen
+        seen = beat.epoch
+        assert seen == first + 60_000
+        await client.set(key, first - 5_000)
+        assert await beat.beat_if_due(time.monotonic() + 2 * BEAT) is None, "the same view"
+        assert beat.epoch == seen + 1
     finally:
         await client.aclose()
         await roster.close()

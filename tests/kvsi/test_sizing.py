@@ -119,9 +119,19 @@ def test_memory_per_shard_is_the_index_over_the_shards(shards: int) -> None:
     assert cpu.load == pytest.approx(sized.redis_cores / shards)
 
 
-def test_the_planned_units_keep_each_bottleneck_within_the_budget() -> None:
+@pytest.mark.parametrize(
+    "fleet",
+    [
+        dataclasses.replace(BASE, event_rate=3_000_000, query_rate=20_000),
+        # light: each unit rests between applies, and a cluster's three masters rest more
+        dataclasses.replace(BASE, workers=50, event_rate=20_000, query_rate=100),
+        dataclasses.replace(BASE, workers=2_000, event_rate=200_000, query_rate=100),
+    ],
+    ids=["busy", "light", "many-resting-streams"],
+)
+def test_the_planned_units_keep_each_bottleneck_within_the_budget(fleet: Fleet) -> None:
     budget = Budget(cpu_share=0.4)
-    sized = plan(dataclasses.replace(BASE, event_rate=3_000_000, query_rate=20_000), budget)
+    sized = plan(fleet, budget)
     for limit in sized.bottlenecks:
         if limit.unit == "cores" and "sidecar" not in limit.name:
             assert limit.load <= budget.cpu_share + 1e-9, limit

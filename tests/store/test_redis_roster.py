@@ -139,8 +139,8 @@ async def test_an_epoch_the_server_lost_is_moved_past_the_one_a_replica_saw(
 ) -> None:
     """The server's epoch back below one a replica was answered, the live set unchanged (a
     failover to a replica that missed the last write): told what it saw, the roster takes a
-    new epoch above it, then keeps it; untold, it would answer the old epoch again for
-    another set."""
+    new epoch above it (whatever the server's clock reads), then keeps it; untold, it would
+    answer the old epoch again for another set."""
     roster = await make_roster()
     await roster.beat("a", 30)
     seen = await roster.beat("b", 30)
@@ -154,5 +154,7 @@ async def test_an_epoch_the_server_lost_is_moved_past_the_one_a_replica_saw(
         assert lifted.epoch > seen.epoch
         assert await roster.beat("b", 30, lifted.epoch) == lifted, "then kept"
         assert int(await client.get(key)) == lifted.epoch
+        ahead = lifted.epoch + 60_000  # seen on a server whose clock was ahead of this one's
+        assert (await roster.beat("a", 30, ahead)).epoch == ahead + 1
     finally:
         await client.aclose()
