@@ -23,6 +23,7 @@ NATIVE = [
     "kvsi/store/tokens.py",
     "kvsi/store/core.py",
     "kvsi/store/first_blocks.py",
+    "kvsi/store/directory.py",
     "kvsi/store/memory.py",
     "kvsi/store/redis/layout.py",
     "kvsi/store/redis/plan.py",
@@ -30,8 +31,8 @@ NATIVE = [
     "kvsi/store/redis/mirror.py",
 ]
 """The modules every event runs through once decoded: the index core, the memory store's
-apply with its first-block directory, and the Redis writer's mirror and plan (the mypyc
-group `kvsi.store.native`). The subscriber's own modules stay interpreted: compiled, they
+apply with its first-block directory, and the Redis writer's mirror and plan with the
+directory rules it checks each run against (the mypyc group `kvsi.store.native`). The subscriber's own modules stay interpreted: compiled, they
 moved `bench/ingest_e2e.py` by less than its run-to-run spread."""
 
 NOT_BUILT = (CCompilerError, ExecError, PlatformError)

@@ -14,11 +14,17 @@ assert before the write that needs it; nothing else adds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import Final, TypeVar, cast
 
 from kvsi.store.model import CLEARED, STORED, Batch, EntriesStored, Hash
 from kvsi.store.records import Residency
+
+R = TypeVar("R", bound=Residency)
+
+_NEVER: Final = -math.inf
+"""When an entry never asserted was: before any time. Dicts, not Mappings, in the rules'
+signatures: compiled (setup.py `NATIVE`), a Mapping's `get` is a method call by name."""
 
 DIRECTORY_TTL = 259_200.0
 """Seconds a session's set outlives its last assert (Redis EXPIRE): what bounds the sets of
@@ -77,7 +83,7 @@ def hint_commands(
 def firsts_to_assert(
     batches: Iterable[Batch],
     held: Callable[[Hash], bool],
-    asserted: Mapping[Hash, float],
+    asserted: dict[Hash, float],
     refresh_before: float,
     *,
     restarted: bool = False,
@@ -103,7 +109,7 @@ def firsts_to_assert(
             first = stored.block_hashes[0]
             if first in due:
                 continue
-            stale = asserted.get(first, -math.inf) < refresh_before
+            stale = asserted.get(first, _NEVER) < refresh_before
             if cleared or stale or not held(first):
                 due[first] = None
     return list(due)
@@ -111,8 +117,8 @@ def firsts_to_assert(
 
 def sessions_to_assert(
     batches: Iterable[Batch],
-    residencies: Mapping[str, Residency],
-    asserted: Mapping[str, float],
+    residencies: dict[str, R],
+    asserted: dict[str, float],
     refresh_before: float,
 ) -> list[str]:
     """The sessions a writer must assert before writing `batches` (the rule, no I/O): each
@@ -129,6 +135,6 @@ def sessions_to_assert(
             if sid is None or sid in due:
                 continue
             res = residencies.get(sid)
-            if res is None or not res.total or asserted.get(sid, -math.inf) < refresh_before:
+            if res is None or not res.total or asserted.get(sid, _NEVER) < refresh_before:
                 due[sid] = None
     return list(due)

@@ -8,7 +8,7 @@ and the index core's part and residency with the names and values of their keys 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from kvsi.store.model import U64_MASK, Hash, WorkerKey, WorkerLosses
 from kvsi.store.records import Part, Residency
@@ -19,8 +19,16 @@ DEFAULT_PREFIX = "kvsi"
 DIGEST_MARK = b"\x00"
 """Leads a byte-digest member, so no digest ever reads as an integer member (and back)."""
 
-_SIGN = 1 << 63
-_WRAP = 1 << 64
+_SIGN: Final = 1 << 63
+_WRAP: Final = 1 << 64
+
+
+def as_text(value: object) -> str:
+    """`str(value)` of a value typed as an object: compiled, `str(n)` of an `n` known to be an
+    int unboxes it and boxes it again first (a set member is a long int half the time),
+    and calling `str` as an object takes the type's slow call."""
+    return str(value)
+
 
 META_FENCE = ("seq", "epoch", "last_ts")
 """Meta hash fields of the fence, in `store.model.Fence` order."""
@@ -30,7 +38,7 @@ BUCKETS = 128
 ~390 (max ~450) members in each, under Redis' default `set-max-intset-entries` (512), so every
 bucket of u64 hashes stays a compact intset (8 bytes a member). A power of two."""
 
-_BUCKET_MASK = BUCKETS - 1
+_BUCKET_MASK: Final = BUCKETS - 1
 
 
 def bucket(h: Hash) -> int:
@@ -56,6 +64,16 @@ def members(hashes: Iterable[Hash]) -> list[int | bytes]:
         return [h - _WRAP if h >= _SIGN else h for h in hashes]  # type: ignore[operator]
     except TypeError:  # a digest among them: bytes do not compare with ints
         return [member(h) for h in hashes]
+
+
+def member_texts(hashes: Sequence[Hash]) -> list[str | bytes]:
+    """`member` of each hash as the text Redis reads it in (a command's arguments travel as
+    text): made once for both writes that name a member, its set's and its entry-index
+    bucket's, where packing an int argument formats it anew each time."""
+    try:
+        return [as_text(h - _WRAP) if h >= _SIGN else as_text(h) for h in hashes]  # type: ignore[operator]
+    except TypeError:  # a digest among them: bytes do not compare with ints
+        return [m if isinstance(m, bytes) else as_text(m) for m in map(member, hashes)]
 
 
 def hash_of(raw: bytes) -> Hash:

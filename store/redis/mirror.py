@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 import zlib
 from functools import partial
-from typing import cast
+from typing import Final, cast
 
 import msgspec
 
@@ -46,6 +46,7 @@ from kvsi.store.redis.layout import (
     encode_part,
     loss_fields,
     member,
+    member_texts,
     members,
 )
 from kvsi.store.redis.plan import (
@@ -64,16 +65,16 @@ from kvsi.store.redis.plan import (
 )
 from kvsi.store.tokens import Edge
 
-VLOG_LENGTH = 16
+VLOG_LENGTH: Final = 16
 """Versions kept in the worker's log: how far (in batches) a second writer of the same stream
 may lag and still follow the first without reloading its copy."""
 
 
-FEED_LENGTH = 1000
+FEED_LENGTH: Final = 1000
 """Records kept in a worker's feed stream (`XADD MAXLEN ~`): what an API replica's pump may
 lag behind (it reads in short rounds); resuming a watch uses the replica's own history."""
 
-_ENCODER = msgspec.msgpack.Encoder()
+_ENCODER: Final = msgspec.msgpack.Encoder()
 
 
 def batch_id(batch: Batch) -> str:
@@ -152,9 +153,17 @@ class Mirror:
     # -- writes: each mutates the copy and returns the Plan that makes Redis agree ---------
 
     def apply(
-        self, batch: Batch, outcome: ApplyOutcome, token: str, now: float, *, last: bool = True
+        self,
+        batch: Batch,
+        outcome: ApplyOutcome,
+        token: str,
+        now: float,
+        *,
+        last: bool = True,
+        into: Plan | None = None,
     ) -> Plan:
-        """The batch's delta for an APPLIED or RESTARTED outcome.
+        """The batch's delta for an APPLIED or RESTARTED outcome, in a Plan of its own or
+        after what `into` holds (the run's batches before it, then returned).
 
         The ops follow the events in order (apply.lua replays them in order), so nothing is
         merged across events: each event's writes go straight into the Plan (entry-index
@@ -166,7 +175,7 @@ class Mirror:
         not among the ones a clear deletes, so writing them after the run's other ops leaves
         what writing each batch's in turn would.
         """
-        plan = Plan(self.keys)
+        plan = Plan(self.keys) if into is None else into
         index = self.index
         touched = self._touched
         index.begin()
@@ -252,7 +261,7 @@ class Mirror:
             self._link_in(plan, fields)
         if res is None:
             if added:
-                plan.set_indexed(part.orphans_key, part.entry_base, members(added), into=True)
+                plan.set_indexed(part.orphans_key, part.entry_base, added, into=True)
             return
         if res.last_store == ts:
             res.last_store_text = text
@@ -263,12 +272,12 @@ class Mirror:
             plan.call(SREM, part.orphans_key, members(adopted))
         if added:
             key = res.set_keys.get(part.pid) or self._key(res, part.pid)
-            held = members(added)
+            held = member_texts(added)
             plan.call(SADD, key, held)
             if len(fresh) == len(added):  # all new to the worker: the common case
-                plan.index(part.entry_base, held, into=True)
+                plan.index(part.entry_base, added, held, into=True)
             elif fresh:
-                plan.index(part.entry_base, members(fresh), into=True)
+                plan.index(part.entry_base, fresh, member_texts(fresh), into=True)
 
     def _link_in(self, plan: Plan, fields: StoredFields) -> None:
         """Dynamo's edges a store adds (store/tokens.py), into the worker's edge hash."""
@@ -300,7 +309,7 @@ class Mirror:
         base = part.entry_base
         orphans = out.orphans()
         if orphans:
-            plan.set_indexed(part.orphans_key, base, members(orphans), into=False)
+            plan.set_indexed(part.orphans_key, base, orphans, into=False)
         sessions = out.sessions()
         if not sessions:
             return
@@ -315,12 +324,10 @@ class Mirror:
                 single_keys.append(key)
                 singles.append(group[0])
             else:
-                plan.set_indexed(key, base, members(group), into=False)
+                plan.set_indexed(key, base, group, into=False)
             touched[sid] = res
         if singles:
-            lost = members(singles)
-            plan.remove1(single_keys, lost)
-            plan.index(base, lost, into=False)
+            plan.remove1(single_keys, singles, base)
 
     def _clear_in(self, plan: Plan, touched: dict[str, MirrorResidency]) -> None:
         emptied = self.index.clear()

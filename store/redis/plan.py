@@ -18,45 +18,48 @@ DEL, and in parts of MAX_ARGS members).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
-from kvsi.store.redis.layout import WorkerKeys, bucket
+from kvsi.store.model import Hash
+from kvsi.store.redis.layout import WorkerKeys, bucket, member_texts
 
 Arg = str | int | float | bytes
-Member = int | bytes
-"""A block hash as a set member (`layout.member`)."""
+Text = str | bytes
+"""A block hash as a set member, in the text Redis reads (`layout.member_texts`)."""
 
-MAX_ARGS = 4000
+MAX_ARGS: Final = 4000
 """Args (or keys) per op: Redis' Lua cannot `unpack` more than 8000 values into one call."""
 
 # Op codes, as apply.lua's CMD table maps them to commands (a whitelist, not free text).
-SADD = "a"
-SREM = "r"
-HSET = "h"
-HSETNX = "n"
-HDEL = "H"
-ZADD = "z"
-ZREM = "Z"
-LPUSH = "l"
-LTRIM = "t"
-DEL = "d"
-SUNIONSTORE = "u"
-XADD = "x"
-REMOVE1 = "S"
+# Final, as the write path's other constants: compiled, each use of a plain module name is a
+# lookup in the module's globals.
+SADD: Final = "a"
+SREM: Final = "r"
+HSET: Final = "h"
+HSETNX: Final = "n"
+HDEL: Final = "H"
+ZADD: Final = "z"
+ZREM: Final = "Z"
+LPUSH: Final = "l"
+LTRIM: Final = "t"
+DEL: Final = "d"
+SUNIONSTORE: Final = "u"
+XADD: Final = "x"
+REMOVE1: Final = "S"
 """One SREM of one member per key, for `count` keys (the op's args are the members)."""
 
 
 class Plan:
     """KEYS (meta and version log first, for the guard) and ARGV ops for one apply.lua call."""
 
-    __slots__ = ("_deletes", "_marks", "keys", "ops")
+    __slots__ = ("_marks", "keys", "ops")
 
     def __init__(self, keys: WorkerKeys) -> None:
         self.keys: list[str] = [keys.meta, keys.vlog]
         self.ops: list[Arg] = []
-        self._marks: dict[str, dict[Member, bool]] = {}
-        """Per part's entry base, each member's last change not yet written: in or out."""
-        self._deletes = False
-        """Whether the ops hold a DEL (before which the marks of a plan ahead are written)."""
+        self._marks: dict[str, dict[Text, int]] = {}
+        """Per part's entry base, each member's last change not yet written: its bucket
+        times two, plus one if in (zero if out)."""
 
     def call(self, code: str, key: str, args: Sequence[Arg], lead: Sequence[Arg] = ()) -> None:
         """One command on one key; long arg lists split into several (each with `lead` first).
@@ -75,45 +78,35 @@ class Plan:
         for start in range(0, len(args), MAX_ARGS):
             self.call(code, key, args[start : start + MAX_ARGS], lead)
 
-    def extend(self, other: Plan) -> None:
-        """Append `other`'s commands (its KEYS after the guard's two): several writes of one
-        worker, planned in order, become one apply.lua call that checks the guard once. The
-        entry-index changes of both are written together, unless `other` deletes."""
-        if other._deletes:
-            self._write_marks()
-            self._deletes = True
-        self.keys += other.keys[2:]
-        self.ops += other.ops
-        for base, changes in other._marks.items():
-            marks = self._marks.get(base)
-            if marks is None:
-                self._marks[base] = dict(changes)
-            else:
-                marks.update(changes)
-
-    def index(self, base: str, members: Sequence[Member], *, into: bool) -> None:
-        """`members` into (or out of) the entry index of the part `base` names
-        (`WorkerKeys.entry_base`): written per bucket when the call is sealed."""
+    def index(self, base: str, hashes: list[Hash], texts: list[Text], *, into: bool) -> None:
+        """`hashes` (as `texts`, their `member_texts`) into (or out of) the entry index of
+        the part `base` names (`WorkerKeys.entry_base`): written per bucket when the call is
+        sealed."""
         marks = self._marks.get(base)
         if marks is None:
             marks = self._marks[base] = {}
-        for m in members:
-            marks[m] = into
+        flag = 1 if into else 0
+        for i, text in enumerate(texts):
+            marks[text] = bucket(hashes[i]) << 1 | flag
 
-    def set_indexed(self, key: str, base: str, members: Sequence[Member], *, into: bool) -> None:
-        """`members` into (SADD) or out of (SREM) the set `key` and, the same way, the entry
+    def set_indexed(self, key: str, base: str, hashes: list[Hash], *, into: bool) -> None:
+        """`hashes` into (SADD) or out of (SREM) the set `key` and, the same way, the entry
         index of the part `base` names: the orphan and holder sets' changes, indexed."""
-        self.call(SADD if into else SREM, key, members)
-        self.index(base, members, into=into)
+        texts = member_texts(hashes)
+        self.call(SADD if into else SREM, key, texts)
+        self.index(base, hashes, texts, into=into)
 
-    def remove1(self, keys: Sequence[str], members: Sequence[Arg]) -> None:
-        """REMOVE1: one member out of each of `keys`, two args per key, not four (apply.lua
-        runs them one by one, no `unpack`: any count fits in one op)."""
+    def remove1(self, keys: Sequence[str], hashes: list[Hash], base: str) -> None:
+        """REMOVE1: one of `hashes` out of each of `keys`, two args per key, not four
+        (apply.lua runs them one by one, no `unpack`: any count fits in one op), and all of
+        them out of the entry index of the part `base` names."""
+        texts = member_texts(hashes)
         ops = self.ops
         ops.append(REMOVE1)
         ops.append(len(keys))
-        ops += members
+        ops += texts
         self.keys += keys
+        self.index(base, hashes, texts, into=False)
 
     def seal(self) -> None:
         """Write the entry-index changes still held: the plan is about to be sent."""
@@ -123,12 +116,12 @@ class Plan:
         """Each touched bucket's members out, then in: one SREM and one SADD at most."""
         for base, marks in self._marks.items():
             buckets: dict[int, tuple[list[Arg], list[Arg]]] = {}
-            for m, into in marks.items():
-                b = bucket(m)  # a member's bucket is its hash's (layout.member)
+            for text, mark in marks.items():
+                b = mark >> 1
                 group = buckets.get(b)
                 if group is None:
                     group = buckets[b] = ([], [])
-                (group[1] if into else group[0]).append(m)
+                (group[1] if mark & 1 else group[0]).append(text)
             for b, (out, added) in buckets.items():
                 key = f"{base}{b}"
                 if out:
@@ -140,7 +133,6 @@ class Plan:
     def delete(self, keys: Sequence[str]) -> None:
         """DEL of many keys (after the entry-index changes planned before it)."""
         self._write_marks()
-        self._deletes = True
         for start in range(0, len(keys), MAX_ARGS):
             self._many(DEL, keys[start : start + MAX_ARGS])
 

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
+from kvsi.store.redis.layout import as_text
 from kvsi.store.redis.plan import Arg
 
 _HEADS: Final = [f"${n}" for n in range(128)]
@@ -57,7 +58,10 @@ class _Packer:
         parts = self._parts
         heads = _HEADS
         for a in args:
-            if isinstance(a, str):
+            kind = type(a)  # compared apart from `a`, so that an int is never unboxed
+            if kind is int:
+                s = as_text(a)
+            elif isinstance(a, str):
                 s = a
             elif isinstance(a, bytes):
                 self._raw(a)
@@ -65,8 +69,6 @@ class _Packer:
                 continue
             elif type(a) is float:
                 s = self._float(a)
-            elif type(a) is int:
-                s = str(a)
             elif isinstance(a, float):
                 raise _IrregularError
             else:

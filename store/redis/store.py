@@ -383,7 +383,7 @@ class RedisStore(RedisReader, RedisInstances):
         plan = Plan(w.keys)
         for i, batch in enumerate(run, 1):
             token = self._token()
-            plan.extend(mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=i == len(run)))
+            mirror.apply(batch, ApplyOutcome.APPLIED, token, now, last=i == len(run), into=plan)
             mirror.ver = token  # the next batch's version log entry follows this one
         self._directories.inline(plan, w.asserted, due, now)
         call = self._eval(plan, run[0], before, "applied", _guard(expect))
