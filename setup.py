@@ -32,8 +32,9 @@ NATIVE = [
 ]
 """The modules every event runs through once decoded: the index core, the memory store's
 apply with its first-block directory, and the Redis writer's mirror and plan with the
-directory rules it checks each run against (the mypyc group `kvsi.store.native`). The subscriber's own modules stay interpreted: compiled, they
-moved `bench/ingest_e2e.py` by less than its run-to-run spread."""
+directory rules it checks each run against (the mypyc group `kvsi.store.native`). The
+subscriber's own modules stay interpreted: compiled, they moved `bench/ingest_e2e.py` by
+less than its run-to-run spread."""
 
 NOT_BUILT = (CCompilerError, ExecError, PlatformError)
 """What a missing or broken C toolchain raises (CompileError and LinkError are
