@@ -191,9 +191,9 @@ class Measured:
 def light_load(curve: LoadCurve, rate: float) -> float:
     """CPU per apply at `rate` applies/s on one unit, over the same back to back: the
     busiest point's factor at or above it (1.0 on the measured curves), the least busy
-    point's below that point, and in
-    between interpolated on log(rate); never less than at a busier point (the measured
-    points are one run each: a lighter load is not taken to cost less)."""
+    point's below that point, and in between interpolated on log(rate); never less than at
+    a busier point (the measured points are one run each: a lighter load is not taken to
+    cost less)."""
     points = sorted(curve)
     ceiling = [max(f for _, f in points[i:]) for i in range(len(points))]
     if rate <= points[0][0]:
