@@ -505,8 +505,8 @@ class SimulatedFleet:
             try:
                 await self._bind_pod(pod, first, bind_timeout=0.0)
                 return
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EADDRINUSE:
+            except FleetBindError as exc:
+                if not exc.in_use:
                     raise
         raise RuntimeError(f"no free range of {2 * self.dp_size} ports found for {pod}")
 
@@ -526,7 +526,8 @@ class SimulatedFleet:
                 except zmq.ZMQError as exc:
                     raise FleetBindError(
                         f"simulated pod {pod}/{rank} cannot bind {endpoint} and {replay}: "
-                        f"{exc.strerror}"
+                        f"{exc.strerror}",
+                        in_use=exc.errno == zmq.EADDRINUSE,
                     ) from exc
                 engine = self._new_engine()
                 started.append(_Worker(pod, rank, engine, publisher))
@@ -542,6 +543,10 @@ class SimulatedFleet:
 
 class FleetBindError(RuntimeError):
     """A simulated pod could not bind its ports (taken, or not an address of this host)."""
+
+    def __init__(self, message: str, *, in_use: bool) -> None:
+        super().__init__(message)
+        self.in_use = in_use
 
 
 def _advertised(endpoint: str) -> str:

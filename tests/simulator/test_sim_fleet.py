@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import msgspec
 import pytest
 import zmq
 import zmq.asyncio
 
+from kvsi.simulator import fleet as fleet_module
 from kvsi.simulator.fleet import SimulatedFleet, pod_names, simulate
 from kvsi.subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from tests.ports import free_port_run
@@ -214,6 +216,31 @@ async def test_auto_ports_keep_ranks_consecutive(ctx: zmq.asyncio.Context) -> No
         port = int(rank0.endpoint.rsplit(":", 1)[1])
         assert rank1.endpoint.endswith(f":{port + 1}")
         assert rank0.replay_endpoint.endswith(f":{port + 2}")
+
+
+async def test_auto_ports_move_past_a_range_someone_holds(
+    ctx: zmq.asyncio.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range whose second rank's port is taken is given up for another, not an error."""
+    holder = ctx.socket(zmq.PUB)
+    for seed in range(50):
+        first = random.Random(seed).randrange(20_000, 60_000)
+        try:
+            holder.bind(f"tcp://127.0.0.1:{first + 1}")
+            break
+        except zmq.ZMQError:
+            continue
+    else:
+        pytest.fail("no seed's second port was free to hold")
+    monkeypatch.setattr(fleet_module, "_PORT_RNG", random.Random(seed))
+    try:
+        async with small_fleet(ctx, pods=1, dp_size=2) as fleet:
+            rank0, rank1 = fleet.workers()
+            port = int(rank0.endpoint.rsplit(":", 1)[1])
+            assert port != first
+            assert rank1.endpoint.endswith(f":{port + 1}")
+    finally:
+        holder.close(linger=0)
 
 
 async def test_simulate_serves_for_its_duration() -> None:
