@@ -99,11 +99,50 @@ class OneSend(asyncio.Transport):
 
 
 class OneSendHttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through `OneSend`."""
+    """uvicorn's httptools protocol writing through `OneSend`, with one keep-alive timer per
+    connection: uvicorn cancels its timer when a request arrives and makes a new one when
+    the response completes; here the pending timer stays, and when it fires it closes the
+    connection only if it has been idle for `timeout_keep_alive` since its last response,
+    else it is set again for when that will be."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle_since: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not checked with isinstance: uvloop's transports have the methods, not the class.
         super().connection_made(OneSend(cast(asyncio.Transport, transport)))
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None
+
+    def on_response_complete(self) -> None:
+        if self.pipeline or self.transport.is_closing():
+            super().on_response_complete()  # no keep-alive timer in either case
+            return
+        self.server_state.total_requests += 1
+        self.flow.resume_reading()
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_at(
+                self._idle_since + self.timeout_keep_alive, self._keep_alive_due
+            )
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_since is None:
+            return  # busy: set again when its response completes
+        due = self._idle_since + self.timeout_keep_alive
+        if self.loop.time() < due:
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        super().connection_lost(exc)
 
 
 Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]

@@ -108,3 +108,71 @@ async def test_a_real_server_answers_keep_alive_requests(port: int) -> None:
                 answer += await loop.sock_recv(sock, 4096)
             assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
             assert b"content-length: 17\r\n" in answer
+
+
+@pytest.fixture
+async def slow_port(serve: Serve) -> int:
+    """`OneSendHttpTools` with a short keep-alive timeout and an answer that takes longer."""
+    app = FastAPI()
+
+    @app.get("/hello")
+    async def hello() -> dict[str, str]:
+        return {"hello": "world"}
+
+    @app.get("/slow")
+    async def slow() -> dict[str, str]:
+        await asyncio.sleep(KEEP_ALIVE * 2)
+        return {"hello": "world"}
+
+    return await serve(app, http=OneSendHttpTools, timeout_keep_alive=KEEP_ALIVE)
+
+
+KEEP_ALIVE = 0.4
+
+
+async def _ask(sock: socket.socket, path: str) -> None:
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(sock, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    answer = b""
+    while not answer.endswith(b'{"hello":"world"}'):
+        chunk = await loop.sock_recv(sock, 4096)
+        assert chunk, f"closed before {path} was answered"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+async def _closed_within(sock: socket.socket, seconds: float) -> float:
+    """How long until the server closes the connection (it must within `seconds`)."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await asyncio.wait_for(loop.sock_recv(sock, 4096), seconds) == b""
+    return loop.time() - began
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(slow_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", slow_port)) as sock:
+        sock.setblocking(False)
+        await _ask(sock, "/hello")
+        assert await _closed_within(sock, 10) >= KEEP_ALIVE * 0.9
+
+
+async def test_a_connection_asked_again_before_its_timeout_stays_open(slow_port: int) -> None:
+    """Requests a third of the timeout apart for three timeouts: the timer set after the
+    first answer fires while the connection is in use and must not close it."""
+    with socket.create_connection(("127.0.0.1", slow_port)) as sock:
+        sock.setblocking(False)
+        for _ in range(9):
+            await _ask(sock, "/hello")
+            await asyncio.sleep(KEEP_ALIVE / 3)
+        await _ask(sock, "/hello")
+        assert await _closed_within(sock, 10) >= KEEP_ALIVE * 0.9
+
+
+async def test_an_answer_longer_than_the_timeout_is_not_cut(slow_port: int) -> None:
+    """The timer of the first answer fires while the second is being worked on."""
+    with socket.create_connection(("127.0.0.1", slow_port)) as sock:
+        sock.setblocking(False)
+        await _ask(sock, "/hello")
+        await asyncio.sleep(KEEP_ALIVE / 2)
+        await _ask(sock, "/slow")
+        assert await _closed_within(sock, 10) >= KEEP_ALIVE * 0.9
