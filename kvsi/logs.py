@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO, cast
 
@@ -32,6 +33,32 @@ def escape_control_characters(
     return event
 
 
+class UtcStamper:
+    """structlog's `TimeStamper(fmt="iso", utc=True)`: the event's `timestamp`, now in UTC as
+    `datetime.isoformat` writes it (`2026-12-05T16:24:44.123456Z`, the microseconds left out
+    when they are 0), with its date and time of day formatted once a second, not per line."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(
+        self, logger: Any, method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        event["timestamp"] = self.stamp(time.time_ns())
+        return event
+
+    def stamp(self, ns: int) -> str:
+        """The stamp of `ns` nanoseconds since the epoch (microseconds truncated, as
+        `datetime.now` takes the clock)."""
+        second, rest = divmod(ns, 1_000_000_000)
+        if second != self._second:
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
+        micro = rest // 1000
+        return f"{self._prefix}.{micro:06d}Z" if micro else f"{self._prefix}Z"
+
+
 def configure_logging(level: str, fmt: str) -> None:
     """Render structlog's and stdlib logging's (uvicorn's too) events with one renderer, to
     stderr."""
@@ -48,7 +75,7 @@ def configure_logging(level: str, fmt: str) -> None:
         structlog.contextvars.merge_contextvars,
         escape_control_characters,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        UtcStamper(),
     ]
     processors = [*shared, renderer]
     wrapper = structlog.make_filtering_bound_logger(logging.getLevelName(level.upper()))

@@ -5,6 +5,7 @@ other configuration it writes nothing and says so."""
 from __future__ import annotations
 
 import contextvars
+import datetime
 import io
 import re
 import sys
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import structlog
 
-from kvsi.logs import configure_logging, info_line
+from kvsi.logs import UtcStamper, configure_logging, info_line
 
 FIELDS: list[dict[str, Any]] = [
     {},
@@ -83,3 +84,38 @@ def test_under_another_configuration_it_writes_nothing() -> None:
     configure_logging("warning", "json")
     assert info_line("http.request", {"status": 200}), "filtered out, as log.info would be"
     assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    "ns",
+    [
+        0,
+        1_000,
+        999_999_999,
+        1_764_950_684_000_000_000,
+        1_764_950_684_000_000_999,
+        1_764_950_684_000_001_000,
+        1_764_950_684_123_456_789,
+        1_764_950_684_999_999_999,
+        1_764_950_685_000_000_000,
+        4_102_444_800_500_000_000,
+    ],
+)
+def test_the_stamp_is_datetimes_iso_utc(ns: int) -> None:
+    """As structlog's TimeStamper(fmt="iso", utc=True) writes `datetime.now(timezone.utc)`,
+    whose clock reading is truncated to microseconds; twice, the second time from the
+    second it formatted."""
+    stamper = UtcStamper()
+    when = datetime.datetime.fromtimestamp(ns // 10**9, datetime.UTC).replace(
+        microsecond=ns % 10**9 // 1000
+    )
+    expected = when.isoformat().replace("+00:00", "Z")
+    assert stamper.stamp(ns) == expected
+    assert stamper.stamp(ns) == expected
+
+
+def test_one_stamper_across_seconds() -> None:
+    stamper = UtcStamper()
+    assert stamper.stamp(1_764_950_684_999_999_000) == "2025-12-05T16:04:44.999999Z"
+    assert stamper.stamp(1_764_950_685_000_001_000) == "2025-12-05T16:04:45.000001Z"
+    assert stamper.stamp(1_764_950_684_500_000_000) == "2025-12-05T16:04:44.500000Z"
