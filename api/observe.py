@@ -7,7 +7,7 @@ so the API runs without the `otel` extra.
 
 from __future__ import annotations
 
-import os
+import random
 import re
 from typing import TYPE_CHECKING
 
@@ -68,10 +68,11 @@ def new_request_id(scope: Scope) -> str:
 
 
 def _uuid4_hex() -> str:
-    """`uuid.uuid4().hex` without the UUID object: 16 random bytes, the version and variant
-    bits set as RFC 4122 says."""
-    n = int.from_bytes(os.urandom(16), "big")
-    return "%032x" % (n & _UUID4_CLEARED | _UUID4_SET)
+    """`uuid.uuid4().hex` without the UUID object, and from `random`'s generator (seeded from
+    the OS, seeded again in a forked child), not a system call per request: an id names a
+    request in logs and traces, it guards nothing. The version and variant bits are set as
+    RFC 4122 says."""
+    return "%032x" % (random.getrandbits(128) & _UUID4_CLEARED | _UUID4_SET)
 
 
 _UUID4_CLEARED = ~((0xC000 << 48) | (0xF000 << 64))
