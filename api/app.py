@@ -22,7 +22,7 @@ from kvsi.api.auth import UNAUTHORIZED, TokenCheck, require_token
 from kvsi.api.body import DEFAULT_MAX_BODY_BYTES, RequestBodies
 from kvsi.api.direct import DirectRoutes, DirectServer
 from kvsi.api.errors import install_error_handlers
-from kvsi.api.metrics import RequestSeries
+from kvsi.api.metrics import REQUEST_SERIES
 from kvsi.api.observe import NO_NATIVE_TELEMETRY, RequestIds, log_request, observe, route_of
 from kvsi.api.reader import guarded_reader
 from kvsi.api.routers.llm_d import routes as llm_d_routes
@@ -201,7 +201,7 @@ class RequestMetrics:
     def __init__(self, app: ASGIApp, *, access_log: bool = True) -> None:
         self.app = app
         self._access_log = access_log
-        self._series = RequestSeries()
+        self._series = REQUEST_SERIES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvsi.api.auth import TokenCheck
 from kvsi.api.errors import error_response
-from kvsi.api.metrics import RequestSeries
+from kvsi.api.metrics import REQUEST_SERIES
 from kvsi.api.observe import echoed_id, forget_request_id, log_request, new_request_id
 from kvsi.api.params import SESSION_ID_PATTERN
 from kvsi.api.routers.llm_d import routes as llm_d_routes
@@ -153,7 +153,7 @@ class DirectServer:
         self._app = app
         self._access_log = access_log
         self._max_body_bytes = max_body_bytes
-        self._series = RequestSeries()
+        self._series = REQUEST_SERIES
         self._token_check: TokenCheck = app.state.token_check
 
     def takes(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
