@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import cast
 
 from prometheus_client import REGISTRY, CollectorRegistry, Metric
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -45,8 +45,10 @@ class Timer:
         self.created = time.time()
 
     def observe(self, seconds: float) -> None:
-        """Count `seconds` in the first bucket whose bound is at least it."""
-        self.counts[bisect.bisect_left(_BOUNDS, seconds)] += 1
+        """Count `seconds` in the first bucket whose bound is at least it (a NaN in none, as
+        prometheus_client does; the sum takes it)."""
+        if seconds <= math.inf:
+            self.counts[bisect.bisect_left(_BOUNDS, seconds)] += 1
         self.total += seconds
 
 
@@ -108,10 +110,10 @@ class RequestSeries(Collector):
 
 
 def _created_series() -> bool:
-    """Whether the `_created` series are written: as prometheus_client decides for its own
-    metrics, from `PROMETHEUS_DISABLE_CREATED_SERIES`."""
-    disabled = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False")
-    return disabled.lower() not in ("true", "1", "t")
+    """Whether the `_created` series are written: prometheus_client's own switch for its
+    metrics (`PROMETHEUS_DISABLE_CREATED_SERIES` read at its import, then
+    `disable_created_metrics()` / `enable_created_metrics()`), so every family agrees."""
+    return bool(getattr(prometheus_metrics, "_use_created", True))
 
 
 def registered(registry: CollectorRegistry = REGISTRY) -> RequestSeries:

@@ -100,10 +100,12 @@ class OneSend(asyncio.Transport):
 
 class OneSendHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through `OneSend`, with one keep-alive timer per
-    connection: uvicorn cancels its timer when a request arrives and makes a new one when
-    the response completes; here the pending timer stays, and when it fires it closes the
-    connection only if it has been idle for `timeout_keep_alive` since its last response,
-    else it is set again for when that will be."""
+    connection: uvicorn cancels its timer whenever data arrives and makes a new one whenever
+    a response completes with nothing pipelined behind it; here the pending timer stays.
+    The connection is busy from a request's first byte (or any data) until a response
+    completes, idle from then on; when the timer fires it closes an idle connection once
+    `timeout_keep_alive` has passed since that response, is set again for then if less has,
+    and does nothing on a busy one (the next response sets it again)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -115,6 +117,12 @@ class OneSendHttpTools(HttpToolsProtocol):
 
     def _unset_keepalive_if_required(self) -> None:
         self._idle_since = None
+
+    def on_message_begin(self) -> None:
+        # Busy even when no data arrived since the last response: a request read in the
+        # same callback as one answered at once (DirectHttpTools) is not pipelined behind it.
+        self._idle_since = None
+        super().on_message_begin()
 
     def on_response_complete(self) -> None:
         if self.pipeline or self.transport.is_closing():

@@ -508,7 +508,11 @@ class SimulatedFleet:
             except FleetBindError as exc:
                 if not exc.in_use:
                     raise
-        raise RuntimeError(f"no free range of {2 * self.dp_size} ports found for {pod}")
+        raise FleetBindError(
+            f"no free range of {2 * self.dp_size} consecutive ports found for {pod} in "
+            f"{_AUTO_PORT_ATTEMPTS} tries",
+            in_use=True,
+        )
 
     async def _bind_pod(self, pod: str, first: int | None, *, bind_timeout: float) -> None:
         started: list[_Worker] = []
@@ -544,7 +548,7 @@ class SimulatedFleet:
 class FleetBindError(RuntimeError):
     """A simulated pod could not bind its ports (taken, or not an address of this host)."""
 
-    def __init__(self, message: str, *, in_use: bool) -> None:
+    def __init__(self, message: str, *, in_use: bool = False) -> None:
         super().__init__(message)
         self.in_use = in_use
 

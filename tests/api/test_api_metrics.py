@@ -5,9 +5,19 @@ for the `_created` series."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import cast
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    enable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import metrics as prometheus_metrics
 
 from kvsi.api.metrics import (
     BUCKETS,
@@ -28,6 +38,9 @@ UPDATES = [
     ("POST", "/v1/route", 503, 3.0),
     ("GET", "unmatched", 404, 120.0),
     ("GET", "/v1/sessions/{session_id}", 200, 0.0),
+    ("GET", "/v1/sessions/{session_id}", 200, -1.0),
+    ("GET", "/v1/sessions/{session_id}", 500, float("inf")),
+    ("GET", "/v1/sessions/{session_id}", 500, float("nan")),
 ]
 CREATED = re.compile(rb"^(\S+_created\{.*\}) \S+$", re.MULTILINE)
 
@@ -62,10 +75,19 @@ def test_the_exposition_is_prometheus_clients(updates: list[tuple[str, str, int,
         assert b"_created{" in ours
 
 
-def test_the_created_series_follow_prometheus_clients_switch(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
-    ours = _ours(UPDATES)
-    assert b"_created" not in ours
-    assert b'kvsi_http_requests_total{method="POST",route="/v1/route",status="503"} 2.0' in ours
+def _created_metrics(on: bool) -> None:
+    """prometheus_client's switch for the `_created` series."""
+    switch = enable_created_metrics if on else disable_created_metrics
+    cast(Callable[[], None], switch)()
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_the_created_series_follow_prometheus_clients_switch(created: bool) -> None:
+    before = prometheus_metrics._use_created
+    try:
+        _created_metrics(created)
+        ours, theirs = _ours(UPDATES), _theirs(UPDATES)
+    finally:
+        _created_metrics(before)
+    assert CREATED.sub(rb"\1 T", ours) == CREATED.sub(rb"\1 T", theirs)
+    assert (b"_created" in ours) is created

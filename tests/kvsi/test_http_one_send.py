@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
 
-from kvsi.http import OneSend, OneSendHttpTools
+from kvsi.http import OneSend, OneSendHttpTools, Reply, serving_protocol
 from tests.conftest import Serve
 
 
@@ -175,4 +177,42 @@ async def test_an_answer_longer_than_the_timeout_is_not_cut(slow_port: int) -> N
         await _ask(sock, "/hello")
         await asyncio.sleep(KEEP_ALIVE / 2)
         await _ask(sock, "/slow")
+        assert await _closed_within(sock, 10) >= KEEP_ALIVE * 0.9
+
+
+class FastAnswers:
+    """Direct answers (kvsi.http.DirectAnswers) for `/fast`, at once, in the callback that
+    read the request."""
+
+    eager = True
+
+    def takes(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        return path == "/fast"
+
+    async def answer(self, scope: dict[str, Any], body: bytes, reply: Reply) -> bool:
+        reply(200, [(b"content-length", b"17")], b'{"hello":"world"}')
+        return True
+
+
+async def test_a_request_read_with_an_answered_one_is_not_cut(serve: Serve) -> None:
+    """`/fast` answered directly while the same read holds `/slow`: the timer the first
+    answer sets must not close the connection while `/slow` is worked on."""
+    app = FastAPI()
+
+    @app.get("/slow")
+    async def slow() -> dict[str, str]:
+        await asyncio.sleep(KEEP_ALIVE * 3)
+        return {"hello": "world"}
+
+    port = await serve(app, http=serving_protocol(FastAnswers()), timeout_keep_alive=KEEP_ALIVE)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        ask = b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+        await loop.sock_sendall(sock, ask)
+        answers = b""
+        while answers.count(b'{"hello":"world"}') < 2:
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, 4096), 10)
+            assert chunk, f"closed after {answers.count(b'HTTP/1.1 200')} of 2 answers"
+            answers += chunk
         assert await _closed_within(sock, 10) >= KEEP_ALIVE * 0.9

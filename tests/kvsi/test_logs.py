@@ -119,3 +119,12 @@ def test_one_stamper_across_seconds() -> None:
     assert stamper.stamp(1_764_950_684_999_999_000) == "2025-12-05T16:04:44.999999Z"
     assert stamper.stamp(1_764_950_685_000_001_000) == "2025-12-05T16:04:45.000001Z"
     assert stamper.stamp(1_764_950_684_500_000_000) == "2025-12-05T16:04:44.500000Z"
+
+
+def test_the_stamper_stamps_now_where_structlogs_does() -> None:
+    theirs = structlog.processors.TimeStamper(fmt="iso", utc=True)(None, "info", {})
+    ours = UtcStamper()(None, "info", {})
+    assert list(ours) == list(theirs) == ["timestamp"]
+    assert TIMESTAMP.fullmatch(ours["timestamp"]), ours
+    parse = datetime.datetime.fromisoformat
+    assert abs(parse(ours["timestamp"]) - parse(theirs["timestamp"])).total_seconds() < 5

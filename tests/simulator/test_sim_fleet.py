@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from kvsi.simulator import fleet as fleet_module
-from kvsi.simulator.fleet import SimulatedFleet, pod_names, simulate
+from kvsi.simulator.fleet import FleetBindError, SimulatedFleet, pod_names, simulate
 from kvsi.subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from tests.ports import free_port_run
 from tests.simulator.peers import recv, replay, replay_request, seq_of, subscribe
@@ -233,14 +233,32 @@ async def test_auto_ports_move_past_a_range_someone_holds(
     else:
         pytest.fail("no seed's second port was free to hold")
     monkeypatch.setattr(fleet_module, "_PORT_RNG", random.Random(seed))
+    tried: list[int | None] = []
+    bind = SimulatedFleet._bind_pod
+
+    async def counted(self: SimulatedFleet, pod: str, at: int | None, **kwargs: float) -> None:
+        tried.append(at)
+        await bind(self, pod, at, **kwargs)
+
+    monkeypatch.setattr(SimulatedFleet, "_bind_pod", counted)
     try:
         async with small_fleet(ctx, pods=1, dp_size=2) as fleet:
             rank0, rank1 = fleet.workers()
             port = int(rank0.endpoint.rsplit(":", 1)[1])
-            assert port != first
+            assert tried[0] == first and len(tried) >= 2 and port == tried[-1]
             assert rank1.endpoint.endswith(f":{port + 1}")
     finally:
         holder.close(linger=0)
+
+
+async def test_auto_ports_give_up_on_other_bind_errors(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """Not an address of this host: no other range would do, the first error is the one."""
+    with pytest.raises(FleetBindError, match="cannot bind") as caught:
+        async with small_fleet(ctx, pods=1, dp_size=2, host="192.0.2.1"):
+            pass
+    assert not caught.value.in_use
 
 
 async def test_simulate_serves_for_its_duration() -> None:
