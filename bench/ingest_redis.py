@@ -28,6 +28,7 @@ import redis
 from ingest_memory import agentic, block_events, small_events
 
 from kvsi.api.app import create_app
+from kvsi.cli import loop_factory
 from kvsi.logs import configure_logging
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
@@ -110,14 +111,21 @@ async def ingest_streams(
 
 
 def _sidecar(
-    port: int, payloads: list[bytes], workers: range, group: int, start_at: float, out: Any
+    port: int,
+    payloads: list[bytes],
+    workers: range,
+    group: int,
+    start_at: float,
+    event_loop: str,
+    out: Any,
 ) -> None:
     """One ingest process of a fleet of sidecars (multiprocessing target)."""
-    out.put(asyncio.run(ingest_streams(port, payloads, workers, group, start_at)))
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        out.put(runner.run(ingest_streams(port, payloads, workers, group, start_at)))
 
 
 async def ingest(
-    port: int, payloads: list[bytes], workers: int, processes: int, group: int
+    port: int, payloads: list[bytes], workers: int, processes: int, group: int, event_loop: str
 ) -> tuple[float, float, float]:
     """Decode + apply every payload as `workers` concurrent streams into an empty server,
     spread over `processes` processes (1: this one; more: one sidecar process each, as a
@@ -139,7 +147,10 @@ async def ingest(
         start_at = time.time() + 3.0  # every process started and connected by then
         shares = [range(p, workers, processes) for p in range(processes)]
         procs = [
-            ctx.Process(target=_sidecar, args=(port, payloads, share, group, start_at, results))
+            ctx.Process(
+                target=_sidecar,
+                args=(port, payloads, share, group, start_at, event_loop, results),
+            )
             for share in shares
         ]
         for proc in procs:
@@ -287,15 +298,23 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--feed-batches", type=int, default=500)
+    parser.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="the clients' loop, as the service's `event_loop` setting (default: its default)",
+    )
     args = parser.parse_args()
     configure_logging("warning", "console")  # (3)'s requests would log a line each
-    asyncio.run(run(args))
+    with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
+        runner.run(run(args))
 
 
 async def run(args: argparse.Namespace) -> None:
     with redis_server(INTSET_ENTRIES) as port:
         version = redis.Redis(port=port).info("server")["redis_version"]
         print(f"redis-server {version}, set-max-intset-entries {INTSET_ENTRIES}, port {port}")
+        print(f"event loop: {type(asyncio.get_running_loop()).__module__.split('.')[0]}")
         print(f"\n(1) ingest: {args.workers} concurrent worker streams, decode + apply")
         print(
             f"{'workload':<16} {'block-events':>12} {'ingest/s':>10}"
@@ -308,7 +327,7 @@ async def run(args: argparse.Namespace) -> None:
             batches = len(payloads) * args.workers
             for procs, group in itertools.product(sorted({1, args.processes}), (1, RUN_MAX)):
                 runs = [
-                    await ingest(port, payloads, args.workers, procs, group)
+                    await ingest(port, payloads, args.workers, procs, group, args.event_loop)
                     for _ in range(args.runs)
                 ]
                 label = f"{name} x{procs} g{group}"

@@ -10,7 +10,7 @@ import contextlib
 import math
 import os
 import signal
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,12 +72,19 @@ def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+"""Makes the event loop a command runs on."""
+
+
+def run_until_signalled(
+    main: Coroutine[Any, Any, None], loop_factory: LoopFactory | None = None
+) -> None:
     """Run `main` until it returns or SIGINT / SIGTERM (Ctrl-C, docker stop, the kubelet)
-    arrives. The first signal cancels it inside the event loop, so streams, store and HTTP
-    close in order, every worker thread is let go and the exit code is 0, instead of a
-    KeyboardInterrupt landing wherever the loop happens to be. A second signal during that
-    shutdown cancels again, cutting the cleanup short (an operator's second Ctrl-C)."""
+    arrives, on a loop from `loop_factory` (None: asyncio's). The first signal cancels it
+    inside the event loop, so streams, store and HTTP close in order, every worker thread is
+    let go and the exit code is 0, instead of a KeyboardInterrupt landing wherever the loop
+    happens to be. A second signal during that shutdown cancels again, cutting the cleanup
+    short (an operator's second Ctrl-C)."""
 
     stops = {signal.SIGINT, signal.SIGTERM}
 
@@ -98,9 +105,28 @@ def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
         if _STOP_WHILE_STARTING.noted:
             main.close()
             return
-        asyncio.run(until_signalled())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(until_signalled())
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+
+
+def loop_factory(name: str) -> LoopFactory | None:
+    """The event loop the `event_loop` setting names: uvloop's, or None for asyncio's
+    (`auto`: uvloop's where it is installed)."""
+    if name == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if name == "uvloop":
+            raise StartupError(
+                "event_loop: uvloop is not installed (pip install uvloop, or KVSI_EVENT_LOOP="
+                "asyncio)"
+            ) from None
+        return None
+    factory: LoopFactory = uvloop.new_event_loop
+    return factory
 
 
 class StopWhileStarting:
@@ -223,6 +249,7 @@ def serve(
         )
         configure_logging(settings.log_level, settings.log_format)
         warn_unknown_variables()
+        factory = loop_factory(settings.event_loop)
         tracing.configure()  # before the apps are built: they add a span middleware if on
         from kvsi.serve import run_service
 
@@ -237,7 +264,7 @@ def serve(
                 typer.echo(f"  metrics:   {url}/metrics")
 
         try:
-            run_until_signalled(run_service(settings, on_ready=announce))
+            run_until_signalled(run_service(settings, on_ready=announce), factory)
         finally:
             tracing.shutdown()  # export the spans still buffered
 

@@ -92,6 +92,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         store=masked(settings.store),
         ingest=settings.ingest,
         api=settings.api,
+        event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
     )
     if build["core"] != "native":
         log.warning(

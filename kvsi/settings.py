@@ -290,6 +290,10 @@ class Settings(BaseSettings):
     index_audit_seconds: float = Field(default=5.0, gt=0)
     """How often each stream checks that the store still holds what it stored (a Redis
     back without its data is rebuilt by replay) and stores its worker's status again."""
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    """The service's event loop: `uvloop` (libuv's, a dependency: less CPU per request and
+    per event than asyncio's own, bench/README.md), `asyncio` (the standard library's), or
+    `auto`: uvloop where it is installed, else asyncio."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log threshold."""
     log_format: Literal["json", "console"] = "console"

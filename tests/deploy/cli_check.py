@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,10 @@ def run_kvsi(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(kvsi.serve, "run_service", fake_service)
     monkeypatch.setattr(kvsi.simulator.fleet, "simulate", fake_simulate)
     monkeypatch.setattr(kvsi.cli, "configure_logging", lambda *_: None)
-    monkeypatch.setattr(kvsi.cli, "run_until_signalled", asyncio.run)
+    def run(main: Coroutine[Any, Any, None], loop_factory: object = None) -> None:
+        asyncio.run(main)  # whatever loop the settings name: the fakes above need none
+
+    monkeypatch.setattr(kvsi.cli, "run_until_signalled", run)
     result = CliRunner().invoke(kvsi.cli.app, argv)
     assert result.exit_code == 0, f"kvsi {' '.join(argv)}: {result.output}{result.exception!r}"
     assert parsed.settings is not None or parsed.simulate is not None, argv
