@@ -101,6 +101,9 @@ def run_until_signalled(
     # half-made loop whose finalizer prints a traceback. Blocking them also runs the handler
     # of a SIGTERM that came during start-up, if it has not run yet.
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    # Put back when the loop is gone: uvloop's leaves its own handlers, which do nothing
+    # once it is closed (a stop during the exit's cleanup, e.g. flushing spans, was lost).
+    handlers = {signum: signal.getsignal(signum) for signum in stops}
     try:
         if _STOP_WHILE_STARTING.noted:
             main.close()
@@ -108,6 +111,9 @@ def run_until_signalled(
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(until_signalled())
     finally:
+        for signum, handler in handlers.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(signum, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 

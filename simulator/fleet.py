@@ -44,6 +44,11 @@ one subscriber and one replay."""
 _MAX_CATCH_UP_TICKS = 64
 """Ticks run back to back when late, before yielding, so a fast rate cannot starve the loop."""
 
+_TIMER_SLACK = 0.001
+"""Added to each wait for the next tick: uvloop's clock and timers count whole milliseconds
+(a timer may fire up to one early), so a wait of exactly the gap would wake before the tick
+is due and spin on shorter and shorter waits until it is."""
+
 
 def pod_names(count: int) -> list[str]:
     """pod-a, pod-b, ..., pod-z, pod-ba, ... (letters, so names never look like ranks)."""
@@ -384,7 +389,7 @@ class SimulatedFleet:
                     wait = (stats.ticks / rate) - (now - began)
                     if duration is not None:
                         wait = min(wait, duration - (now - began))
-                    await self._sleep_or_stop(max(wait, 0.0))
+                    await self._sleep_or_stop(max(wait, 0.0) + _TIMER_SLACK)
                     continue
                 due = min(due, _MAX_CATCH_UP_TICKS)
             else:

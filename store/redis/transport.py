@@ -46,7 +46,8 @@ _PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
 def packing(base: type[C]) -> type[C]:
-    """`base` (plain, TLS or unix-socket connection) with hiredis packing; one per base.
+    """`base` (plain, TLS or unix-socket connection) with hiredis packing, connecting again
+    before it writes if its transport was closed under it (a reset while idle); one per base.
 
     The store's client only sends str, bytes, int and float arguments, which both packers
     render alike (floats by repr); anything else falls back to redis-py's packer and errors.
@@ -57,6 +58,16 @@ def packing(base: type[C]) -> type[C]:
         return cast(type[C], _PACKING[base])
 
     class HiredisPacking(base):  # type: ignore[valid-type,misc]
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            # A connection the server (or a middlebox) reset while it sat idle is connected
+            # again first, as one never made: uvloop refuses a write to a closed transport
+            # with a RuntimeError no retry takes, where asyncio's loop drops the write and
+            # the read's ConnectionError is retried.
+            writer = self._writer
+            if writer is not None and writer.transport.is_closing():
+                await self.disconnect(nowait=True)
+            await super().send_packed_command(command, check_health)
+
         def pack_command(self, *args: Any) -> list[bytes]:
             if isinstance(args[0], str) and " " in args[0]:
                 args = (*args[0].split(), *args[1:])  # "SCRIPT LOAD" is two words
@@ -293,7 +304,7 @@ class _Pipe:
         data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
         self.out.clear()
         try:
-            if writer is None:
+            if writer is None or writer.transport.is_closing():
                 raise ConnectionError("connection closed")
             writer.write(data)  # buffered by the transport; never blocks
         except Exception as exc:

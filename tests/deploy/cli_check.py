@@ -46,6 +46,7 @@ def run_kvsi(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(kvsi.serve, "run_service", fake_service)
     monkeypatch.setattr(kvsi.simulator.fleet, "simulate", fake_simulate)
     monkeypatch.setattr(kvsi.cli, "configure_logging", lambda *_: None)
+
     def run(main: Coroutine[Any, Any, None], loop_factory: object = None) -> None:
         asyncio.run(main)  # whatever loop the settings name: the fakes above need none
 

@@ -4,13 +4,16 @@ is not installed is one line and exit code 2."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
+from kvsi.cli import loop_factory, run_until_signalled
 from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import services
 from tests.kvsi.test_cli_errors import assert_one_line, run
@@ -63,3 +66,18 @@ def test_uvloop_asked_for_where_it_is_not_installed_is_one_line() -> None:
         [sys.executable, "-m", "kvsi", "serve"], _without_uvloop() | {"KVSI_EVENT_LOOP": "uvloop"}
     )
     assert_one_line(result, "event_loop: uvloop is not installed")
+
+
+@pytest.mark.parametrize("name", ["uvloop", "asyncio"])
+def test_the_stop_signals_handlers_are_put_back_after_the_loop(name: str) -> None:
+    """uvloop's loop leaves its own handlers when it closes, dead with it: a Ctrl-C or a
+    SIGTERM during what runs after (flushing spans) would do nothing."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    ran: list[str] = []
+
+    async def main() -> None:
+        ran.append(type(asyncio.get_running_loop()).__module__.split(".")[0])
+
+    run_until_signalled(main(), loop_factory(name))
+    assert ran == [name]
+    assert {s: signal.getsignal(s) for s in before} == before

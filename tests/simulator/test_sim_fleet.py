@@ -10,6 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from kvsi.cli import loop_factory
 from kvsi.simulator import fleet as fleet_module
 from kvsi.simulator.fleet import FleetBindError, SimulatedFleet, pod_names, simulate
 from kvsi.subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
@@ -278,3 +279,27 @@ async def test_stop_right_after_starting_a_background_run_is_not_lost(
         fleet.stop()
         stats = await asyncio.wait_for(task, 5)
         assert stats.ticks <= 1
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_paced_run_sleeps_about_once_a_tick(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop's timers count whole milliseconds and may fire one early: without slack in
+    each wait, the run woke before its tick and spun on shorter waits (six sleeps a tick)."""
+    sleeps: list[float] = []
+    sleep = SimulatedFleet._sleep_or_stop
+
+    async def counted(self: SimulatedFleet, seconds: float) -> None:
+        sleeps.append(seconds)
+        await sleep(self, seconds)
+
+    monkeypatch.setattr(SimulatedFleet, "_sleep_or_stop", counted)
+
+    async def main() -> int:
+        async with SimulatedFleet(pods=1, sessions=2, seed=3, num_blocks=400) as fleet:
+            stats = await fleet.run(50, max_batches=20)
+        return stats.ticks
+
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        ticks = runner.run(main())
+    assert ticks == 20
+    assert len(sleeps) <= 2 * ticks, sleeps
