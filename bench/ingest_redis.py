@@ -137,6 +137,7 @@ async def ingest(
     """
     raw = redis.Redis(port=port)
     raw.flushall()
+    raw.config_resetstat()  # INFO commandstats from here on: this run's (`--commandstats`)
     server_before = _server_cpu(raw)
     if processes == 1:
         started, ended, cpu = await ingest_streams(port, payloads, range(workers), group)
@@ -162,6 +163,25 @@ async def ingest(
         cpu = sum(c for _, _, c in done)
     server = _server_cpu(raw) - server_before
     return elapsed, cpu, server
+
+
+def print_commandstats(raw: redis.Redis, batches: int) -> None:
+    """The last run's commands as Redis counts them (a script's own calls included, and in
+    its EVALSHA's time too), per batch: where the server's time goes."""
+    stats = raw.info("commandstats")
+    rows = sorted(
+        (
+            (float(v["usec"]), name.removeprefix("cmdstat_"), int(v["calls"]))
+            for name, v in stats.items()
+        ),
+        reverse=True,
+    )
+    for usec, name, calls in rows:
+        if calls and name not in ("flushall", "config|resetstat", "info"):
+            print(
+                f"    {name:<14} calls/batch {calls / batches:7.2f}  us/batch {usec / batches:7.1f}"
+                f"  us/call {usec / calls:7.2f}"
+            )
 
 
 def _server_cpu(raw: redis.Redis) -> float:
@@ -299,6 +319,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--feed-batches", type=int, default=500)
     parser.add_argument(
+        "--commandstats",
+        action="store_true",
+        help="after each ingest row, its last run's INFO commandstats per batch",
+    )
+    parser.add_argument(
         "--event-loop",
         choices=["auto", "uvloop", "asyncio"],
         default="auto",
@@ -337,6 +362,8 @@ async def run(args: argparse.Namespace) -> None:
                 print(
                     f"{label:<16} {n:>12,} {rates[label]:>10,.0f} {client:>15.0f} {server:>14.0f}"
                 )
+                if args.commandstats:
+                    print_commandstats(redis.Redis(port=port), batches)
         sadd = sadd_baseline(port)
         print(f"redis-benchmark -P 64 -t sadd: {sadd:,.0f} requests/s")
         for label, rate in rates.items():
