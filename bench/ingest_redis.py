@@ -28,8 +28,8 @@ import redis
 from ingest_memory import agentic, block_events, small_events
 
 from kvsi.api.app import create_app
-from kvsi.cli import loop_factory
 from kvsi.logs import configure_logging
+from kvsi.loops import loop_factory, loop_name
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import decode_residency
@@ -339,7 +339,7 @@ async def run(args: argparse.Namespace) -> None:
     with redis_server(INTSET_ENTRIES) as port:
         version = redis.Redis(port=port).info("server")["redis_version"]
         print(f"redis-server {version}, set-max-intset-entries {INTSET_ENTRIES}, port {port}")
-        print(f"event loop: {type(asyncio.get_running_loop()).__module__.split('.')[0]}")
+        print(f"event loop: {loop_name()}")
         print(f"\n(1) ingest: {args.workers} concurrent worker streams, decode + apply")
         print(
             f"{'workload':<16} {'block-events':>12} {'ingest/s':>10}"

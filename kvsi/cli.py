@@ -10,7 +10,7 @@ import contextlib
 import math
 import os
 import signal
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +20,7 @@ import typer
 from kvsi import tracing
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
+from kvsi.loops import LoopFactory, loop_factory
 from kvsi.settings import load_settings, unknown_variables
 from kvsi.version import core_build, package_version
 
@@ -72,10 +73,6 @@ def parse_pods(pods: list[str], replays: list[str]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-LoopFactory = Callable[[], asyncio.AbstractEventLoop]
-"""Makes the event loop a command runs on."""
-
-
 def run_until_signalled(
     main: Coroutine[Any, Any, None], loop_factory: LoopFactory | None = None
 ) -> None:
@@ -115,24 +112,6 @@ def run_until_signalled(
             if handler is not None:  # None: not set from Python, nothing to put back
                 signal.signal(signum, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-
-
-def loop_factory(name: str) -> LoopFactory | None:
-    """The event loop the `event_loop` setting names: uvloop's, or None for asyncio's
-    (`auto`: uvloop's where it is installed)."""
-    if name == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if name == "uvloop":
-            raise StartupError(
-                "event_loop: uvloop is not installed (pip install uvloop, or KVSI_EVENT_LOOP="
-                "asyncio)"
-            ) from None
-        return None
-    factory: LoopFactory = uvloop.new_event_loop
-    return factory
 
 
 class StopWhileStarting:

@@ -24,6 +24,7 @@ from kvsi.dynamo_follow import follow_registrations
 from kvsi.errors import StartupError
 from kvsi.http import serving_protocol
 from kvsi.janitor import run_gc_freezer, run_janitor
+from kvsi.loops import loop_name
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
 from kvsi.store.base import IndexReader, IndexStore
 from kvsi.store.model import WorkerKey
@@ -92,7 +93,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         store=masked(settings.store),
         ingest=settings.ingest,
         api=settings.api,
-        event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
+        event_loop=loop_name(),
     )
     if build["core"] != "native":
         log.warning(

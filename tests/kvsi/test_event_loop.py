@@ -4,7 +4,6 @@ is not installed is one line and exit code 2."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsi.cli import loop_factory, run_until_signalled
+from kvsi.cli import run_until_signalled
+from kvsi.loops import loop_factory, loop_name
 from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import services
 from tests.kvsi.test_cli_errors import assert_one_line, run
@@ -76,7 +76,7 @@ def test_the_stop_signals_handlers_are_put_back_after_the_loop(name: str) -> Non
     ran: list[str] = []
 
     async def main() -> None:
-        ran.append(type(asyncio.get_running_loop()).__module__.split(".")[0])
+        ran.append(loop_name())
 
     run_until_signalled(main(), loop_factory(name))
     assert ran == [name]

@@ -90,13 +90,18 @@ async def test_close_sends_what_is_held_first() -> None:
 @pytest.fixture
 async def port(serve: Serve) -> int:
     """uvicorn serving a small app through `OneSendHttpTools`, as kvsi serve configures it."""
+    return await serve(_hello_app(), http=OneSendHttpTools)
+
+
+def _hello_app() -> FastAPI:
+    """`GET /hello`: a small JSON answer."""
     app = FastAPI()
 
     @app.get("/hello")
     async def hello() -> dict[str, str]:
         return {"hello": "world"}
 
-    return await serve(app, http=OneSendHttpTools)
+    return app
 
 
 async def test_a_real_server_answers_keep_alive_requests(port: int) -> None:
@@ -115,11 +120,7 @@ async def test_a_real_server_answers_keep_alive_requests(port: int) -> None:
 @pytest.fixture
 async def slow_port(serve: Serve) -> int:
     """`OneSendHttpTools` with a short keep-alive timeout and an answer that takes longer."""
-    app = FastAPI()
-
-    @app.get("/hello")
-    async def hello() -> dict[str, str]:
-        return {"hello": "world"}
+    app = _hello_app()
 
     @app.get("/slow")
     async def slow() -> dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kvsi.cli import loop_factory
+from kvsi.loops import loop_factory
 from kvsi.simulator import fleet as fleet_module
 from kvsi.simulator.fleet import FleetBindError, SimulatedFleet, pod_names, simulate
 from kvsi.subscriber.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch

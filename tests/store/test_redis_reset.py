@@ -11,12 +11,13 @@ import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 import pytest
 import redis.exceptions
-import uvloop
 
+from kvsi.loops import loop_factory
 from kvsi.store.model import ApplyOutcome, Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.store import open_client
@@ -24,10 +25,7 @@ from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop] | None] = {
-    "asyncio": None,
-    "uvloop": uvloop.new_event_loop,
-}
+LOOPS = ("asyncio", "uvloop")
 
 
 class ResettingProxy:
@@ -89,9 +87,9 @@ def proxy(redis_server: RedisServer) -> Iterator[ResettingProxy]:
         through.close()
 
 
-def run_on(loop: str, main: Callable[[], asyncio.Future[None] | object]) -> None:
-    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        runner.run(main())  # type: ignore[arg-type]
+def run_on(loop: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        runner.run(main())
 
 
 async def _after_a_reset(proxy: ResettingProxy) -> None:
