@@ -48,11 +48,15 @@ def _wait(check: Callable[[], bool], what: str) -> None:
 class RedisServer:
     """One redis-server on 127.0.0.1, no persistence; `args` are extra config options."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, cluster: bool = False) -> None:
         self.args = args
         self.port = 0
         self.dir = Path(tempfile.mkdtemp(prefix="kvsi-redis-"))
         self._proc: subprocess.Popen[bytes] | None = None
+        self._cluster = cluster
+        self._bus_port = 0
+        """With `cluster`: the cluster bus port, picked with the first port and kept after a
+        start that worked (the other nodes know the node by it)."""
 
     @property
     def url(self) -> str:
@@ -64,6 +68,8 @@ class RedisServer:
     def start(self, port: int | None = None) -> None:
         """Start on `port`, or on a free one (again on another if it was taken meanwhile)."""
         for attempt in range(3):
+            if self._cluster and (port is None or not self._bus_port):
+                self._bus_port = free_port()  # taken meanwhile too, the node would not start
             try:
                 self._start(port or free_port())
                 return
@@ -82,6 +88,8 @@ class RedisServer:
                 "--dir", str(self.dir),
                 "--save", "",
                 "--appendonly", "no",
+                *(["--cluster-enabled", "yes", "--cluster-port", str(self._bus_port)]
+                  if self._cluster else []),
                 *self.args,
             ]),
             stdout=log,
@@ -122,11 +130,10 @@ class RedisClusterServers:
     def __init__(self, *args: str) -> None:
         self.nodes = [
             RedisServer(
-                "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(free_port()),
                 "--cluster-node-timeout", "5000",
                 *args,
+                cluster=True,
             )
             for _ in range(3)
         ]  # fmt: skip
