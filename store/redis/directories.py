@@ -29,7 +29,7 @@ from kvsi.store.model import Batch, Hash, WorkerKey
 from kvsi.store.redis.layout import WorkerKeys, hash_of, member, members, worker_member
 from kvsi.store.redis.mirror import Mirror
 from kvsi.store.redis.node_reads import Command
-from kvsi.store.redis.plan import Arg, Plan
+from kvsi.store.redis.plan import EXPIRE, SADD, ZADD, Arg, Plan
 
 Scripted = Callable[[AsyncScript, Sequence[tuple[list[str], list[Arg]]]], Awaitable[list[Any]]]
 Batched = Callable[[Sequence[Command], int], Awaitable[list[Any]]]
@@ -124,10 +124,10 @@ class Directories:
         ttl = int(DIRECTORY_TTL)
         keys, marked = self._sets(due)
         for key in keys:
-            plan.call("z", key, [now, state.member])
-            plan.call("e", key, [ttl])
+            plan.call(ZADD, key, [now, state.member])
+            plan.call(EXPIRE, key, [ttl])
         if marked:
-            plan.call("a", state.key.firsts, marked)
+            plan.call(SADD, state.key.firsts, marked)
 
     def applied(self, state: Asserted, due: Due, now: float) -> None:
         """The write landed: its inline asserts with it."""

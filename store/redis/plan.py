@@ -1,7 +1,9 @@
 """The write program lua/apply.lua runs: KEYS in op order, then flat ops of plain writes.
 
 Imports neither zmq, fastapi nor redis. The writer builds one Plan per write; the script only
-checks the fence and version, then replays the ops, so no per-block logic runs in Redis.
+checks the fence and version, then replays the ops, so no per-block logic runs in Redis. The
+transport (store/redis/transport.py) usually sends the same ops as plain commands of a
+transaction guarded by guard.lua (`COMMANDS`: each code's command).
 Each op is `code, count, args...`: it takes the next KEYS entry and `count` args, or, for the
 multi-key codes (DEL, SUNIONSTORE), the next `count` KEYS entries and no args, or for
 REMOVE1 the next `count` KEYS entries and `count` args, one each. Two header args per op,
@@ -45,8 +47,26 @@ LTRIM: Final = "t"
 DEL: Final = "d"
 SUNIONSTORE: Final = "u"
 XADD: Final = "x"
+EXPIRE: Final = "e"
 REMOVE1: Final = "S"
 """One SREM of one member per key, for `count` keys (the op's args are the members)."""
+
+COMMANDS: Final = {
+    SADD: "SADD",
+    SREM: "SREM",
+    HSET: "HSET",
+    HSETNX: "HSETNX",
+    HDEL: "HDEL",
+    ZADD: "ZADD",
+    ZREM: "ZREM",
+    LPUSH: "LPUSH",
+    LTRIM: "LTRIM",
+    DEL: "DEL",
+    SUNIONSTORE: "SUNIONSTORE",
+    XADD: "XADD",
+    EXPIRE: "EXPIRE",
+}
+"""The command of each code but REMOVE1 (apply.lua's CMD table; a transaction's commands)."""
 
 
 class Plan:

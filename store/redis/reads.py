@@ -130,6 +130,14 @@ def lua(name: str) -> str:
     return resources.files("kvsi.store.redis").joinpath("lua", f"{name}.lua").read_text()
 
 
+def write_script(name: str) -> str:
+    """check.lua, then <name>.lua: a script that starts with the write checks, without its
+    comment lines and indentation (a script sent whole with every call is hashed by Redis
+    at each one: the shorter the cheaper)."""
+    lines = (line.strip() for line in (lua("check") + lua(name)).splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
 _FENCE_FIELDS = [name.encode() for name in META_FENCE]
 
 

@@ -1,8 +1,9 @@
-"""RESP: the bytes of the writer's EVALSHA calls, as Redis reads a command.
+"""RESP: the bytes of the writer's calls, as Redis reads commands.
 
-Imports neither zmq, fastapi nor redis. The transport sends every apply.lua call packed by
-`pack_evalsha`; it gives byte for byte what `hiredis.pack_command` gives for the same
-arguments (tests/store/test_redis_resp.py holds it to that) at a fraction of its cost on a
+Imports neither zmq, fastapi nor redis. The transport sends every write packed here: as one
+apply.lua call (`pack_evalsha`) or as a guarded transaction of plain commands
+(`pack_transaction`); each command is byte for byte what `hiredis.pack_command` gives for the
+same arguments (tests/store/test_redis_resp.py holds it to that) at a fraction of its cost on a
 writer's arguments: thousands of set members and a few distinct scores per call, where
 hiredis allocates each argument twice and formats each length with `sprintf`
 (bench/README.md, ingest_redis.py). Compiled with the mirror (setup.py `NATIVE`).
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from kvsi.store.redis.layout import as_text
-from kvsi.store.redis.plan import Arg
+from kvsi.store.redis.plan import COMMANDS, DEL, REMOVE1, SUNIONSTORE, Arg
 
 _HEADS: Final = [f"${n}" for n in range(128)]
 """Bulk-string headers of the common lengths, made once."""
@@ -31,51 +32,157 @@ class _IrregularError(Exception):
 def pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
     """`EVALSHA sha len(keys) *keys *args` as RESP. Arguments as hiredis takes them: str
     (UTF-8), bytes, and exact ints and floats (by repr); anything else raises TypeError."""
-    count = 3 + len(keys) + len(args)
-    packer = _Packer(count)
     try:
-        packer.add(("EVALSHA", sha, len(keys)))
-        packer.add(keys)
-        packer.add(args)
-        return packer.done()
+        return _evalsha(_Packer(), sha, keys, args)
     except _IrregularError:
-        return _pack_each(count, (("EVALSHA", sha, len(keys)), keys, args))
+        return _evalsha(_PlainPacker(), sha, keys, args)
 
 
-class _Packer:
+def _evalsha(packer: _Out, sha: str, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
+    packer.head(3 + len(keys) + len(args))
+    packer.add(("EVALSHA", sha, len(keys)))
+    packer.add(keys)
+    packer.add(args)
+    return packer.done()
+
+
+HEAD: Final = 6
+"""apply.lua's ARGV before its ops: the write's checks (check.lua)."""
+
+
+def pack_transaction(guard: str, abort: str, keys: list[str], args: list[Arg]) -> tuple[bytes, int]:
+    """apply.lua's call (`keys`, `args`) as a transaction of plain commands, and the number
+    of replies it gets: `WATCH meta abort`, `EVAL guard` (check.lua's checks on meta and
+    version log, `abort` the key it sets to refuse), `MULTI`, each op of `args` as the
+    command apply.lua would run, `EXEC`."""
+    try:
+        return _transaction(_Packer(), guard, abort, keys, args)
+    except _IrregularError:
+        return _transaction(_PlainPacker(), guard, abort, keys, args)
+
+
+def _transaction(
+    packer: _Out, guard: str, abort: str, keys: list[str], args: list[Arg]
+) -> tuple[bytes, int]:
+    meta = keys[0]
+    packer.head(3)
+    packer.add(("WATCH", meta, abort))
+    packer.head(6 + HEAD)
+    packer.add(("EVAL", guard, 3, meta, keys[1], abort))
+    packer.add(args[:HEAD])
+    packer.head(1)
+    packer.add(("MULTI",))
+    replies = 4
+    i, k, n = HEAD, 2, len(args)
+    while i < n:
+        code = args[i]
+        count = args[i + 1]
+        assert isinstance(code, str) and isinstance(count, int)
+        if code == REMOVE1:
+            for j in range(count):
+                packer.command(_SREM, keys[k + j], 1)
+                packer.add_range(args, i + 2 + j, i + 3 + j)
+            replies += count
+            k += count
+            i += 2 + count
+        elif code in (DEL, SUNIONSTORE):
+            packer.head(1 + count)
+            packer.add((COMMANDS[code],))
+            packer.add_range(keys, k, k + count)
+            replies += 1
+            k += count
+            i += 2
+        else:
+            packer.command(_WORDS[code], keys[k], count)
+            packer.add_range(args, i + 2, i + 2 + count)
+            replies += 1
+            k += 1
+            i += 2 + count
+    packer.head(1)
+    packer.add(("EXEC",))
+    return packer.done(), replies
+
+
+def _word(name: str) -> str:
+    """A command's name as its bulk string, less the final CRLF."""
+    return f"${len(name)}\r\n{name}"
+
+
+_WORDS: Final = {code: _word(name) for code, name in COMMANDS.items()}
+_SREM: Final = _word("SREM")
+
+
+class _Out:
+    """Where commands are packed: `head` starts one of `count` arguments, `add` adds some;
+    `command` starts one of a name (its `_word`), a key and `count` arguments more."""
+
+    def head(self, count: int) -> None:
+        raise NotImplementedError
+
+    def command(self, word: str, key: str, count: int) -> None:
+        raise NotImplementedError
+
+    def add(self, args: Sequence[object]) -> None:
+        raise NotImplementedError
+
+    def add_range(self, args: list[str] | list[Arg], start: int, end: int) -> None:
+        """`add(args[start:end])`, without the copy."""
+        self.add(args[start:end])
+
+    def done(self) -> bytes:
+        raise NotImplementedError
+
+
+class _Packer(_Out):
     """Arguments as text joined by CRLF, encoded once per run of text (a bytes argument
     ends a run); repeated float scores rendered once."""
 
     __slots__ = ("_last_float", "_last_text", "_out", "_parts")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self) -> None:
         self._out = bytearray()
-        self._parts: list[str] = [f"*{count}"]
+        self._parts: list[str] = []
         self._last_float = math.nan  # equal to nothing
         self._last_text = ""
 
-    def add(self, args: Sequence[object]) -> None:
+    def head(self, count: int) -> None:
+        self._parts.append(f"*{count}")
+
+    def command(self, word: str, key: str, count: int) -> None:
         parts = self._parts
-        heads = _HEADS
+        parts.append(f"*{2 + count}")
+        parts.append(word)
+        n = len(key)
+        parts.append(_HEADS[n] if n < 128 else f"${n}")
+        parts.append(key)
+
+    def add(self, args: Sequence[object]) -> None:
         for a in args:
-            kind = type(a)  # compared apart from `a`, so that an int is never unboxed
-            if kind is int:
-                s = as_text(a)
-            elif isinstance(a, str):
-                s = a
-            elif isinstance(a, bytes):
-                self._raw(a)
-                parts = self._parts
-                continue
-            elif type(a) is float:
-                s = self._float(a)
-            elif isinstance(a, float):
-                raise _IrregularError
-            else:
-                raise TypeError(f"a RESP argument must be str, int, float or bytes, not {a!r}")
-            n = len(s)
-            parts.append(heads[n] if n < 128 else f"${n}")
-            parts.append(s)
+            self._arg(a)
+
+    def add_range(self, args: list[str] | list[Arg], start: int, end: int) -> None:
+        for i in range(start, end):
+            self._arg(args[i])
+
+    def _arg(self, a: object) -> None:
+        kind = type(a)  # compared apart from `a`, so that an int is never unboxed
+        if kind is int:
+            s = as_text(a)
+        elif isinstance(a, str):
+            s = a
+        elif isinstance(a, bytes):
+            self._raw(a)
+            return
+        elif type(a) is float:
+            s = self._float(a)
+        elif isinstance(a, float):
+            raise _IrregularError
+        else:
+            raise TypeError(f"a RESP argument must be str, int, float or bytes, not {a!r}")
+        n = len(s)
+        parts = self._parts
+        parts.append(_HEADS[n] if n < 128 else f"${n}")
+        parts.append(s)
 
     def _float(self, a: float) -> str:
         # -0.0 equals 0.0 but is rendered apart; no other two equal floats differ in repr.
@@ -107,11 +214,24 @@ class _Packer:
         return bytes(self._out)
 
 
-def _pack_each(count: int, groups: Sequence[Sequence[object]]) -> bytes:
+class _PlainPacker(_Out):
     """The plain form, one argument at a time (a non-ASCII str or a float subclass among
     them). `a` is never narrowed to a float here: compiled, that would drop a subclass."""
-    out = bytearray(f"*{count}\r\n".encode())
-    for args in groups:
+
+    __slots__ = ("_out",)
+
+    def __init__(self) -> None:
+        self._out = bytearray()
+
+    def head(self, count: int) -> None:
+        self._out += f"*{count}\r\n".encode()
+
+    def command(self, word: str, key: str, count: int) -> None:
+        self._out += f"*{2 + count}\r\n{word}\r\n".encode()
+        self.add((key,))
+
+    def add(self, args: Sequence[object]) -> None:
+        out = self._out
         for a in args:
             if isinstance(a, str):
                 data = a.encode()
@@ -124,4 +244,38 @@ def _pack_each(count: int, groups: Sequence[Sequence[object]]) -> bytes:
             out += f"${len(data)}\r\n".encode()
             out += data
             out += b"\r\n"
-    return bytes(out)
+
+    def done(self) -> bytes:
+        return bytes(self._out)
+
+
+class UnguardedWriteError(Exception):
+    """A transaction's EXEC ran although its guard failed to run: its writes landed without
+    check.lua's checks (a guard refused by the server, e.g. BUSY, in the one case where the
+    commands queued after it were not refused too)."""
+
+
+def transaction_reply(replies: Sequence[object]) -> Sequence[object] | None:
+    """apply.lua's reply for the replies of a `pack_transaction` call, or None when its EXEC
+    ran nothing because queuing a command failed (then apply.lua tells why, or writes).
+
+    An error reply of the WATCH or the guard is raised (a cluster's MOVED among them); so is
+    one of the transaction's commands (the others ran, as a script's writes before an error).
+    """
+    watch, guard, done = replies[0], replies[1], replies[-1]
+    if isinstance(watch, Exception):
+        raise watch
+    if isinstance(guard, Exception):
+        if isinstance(done, list):
+            raise UnguardedWriteError(f"a write landed while its guard failed: {guard}")
+        raise guard
+    assert isinstance(guard, list)
+    if isinstance(done, Exception):
+        return None
+    if done is None:  # refused by the guard, or another write to the worker came first
+        return [b"stale", guard[1], b"", b""] if len(guard) > 4 else guard
+    assert isinstance(done, list)
+    for reply in done:
+        if isinstance(reply, Exception):
+            raise reply
+    return guard[:4]

@@ -3,7 +3,8 @@
 Imports neither zmq nor fastapi. Key layout, choices and their measurements: store/README.md.
 
 Writes: per worker, a Mirror (store/redis/mirror.py) turns each batch into plain writes that
-store/redis/lua/apply.lua lands in one EVALSHA after checking the fence and the mirror's version.
+land in one guarded transaction (store/redis/transport.py) after guard.lua checked the fence
+and the mirror's version, or in one EVALSHA of apply.lua, which checks the same.
 Reads (store/redis/reads.py) never use a mirror. Every Redis error propagates: the API
 answers 503, ingest buffers and retries.
 """
@@ -56,7 +57,7 @@ from kvsi.store.redis.layout import (
 from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
 from kvsi.store.redis.node_reads import Command
 from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
-from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua
+from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua, write_script
 from kvsi.store.redis.transport import (
     ClusterDirectScript,
     DirectScript,
@@ -217,11 +218,12 @@ class RedisStore(RedisReader, RedisInstances):
         super().__init__(client, prefix=prefix, registry_ttl=registry_ttl)
         self._feed_length = feed_length
         self._status_script: AsyncScript = client.register_script(lua("status"))
-        apply_script = client.register_script(lua("apply"))
+        apply_script = client.register_script(write_script("apply"))
+        guard = write_script("guard")
         self._direct: DirectScript | ClusterDirectScript = (
-            ClusterDirectScript(client, apply_script)
+            ClusterDirectScript(client, apply_script, guard)
             if isinstance(client, RedisCluster)
-            else DirectScript(client, apply_script)
+            else DirectScript(client, apply_script, guard)
         )
         self._apply_call: Callable[[list[str], list[Arg]], Awaitable[Any]] = self._direct
         self._expire_script: AsyncScript = client.register_script(lua("expire"))

@@ -13,6 +13,7 @@ a standalone server.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 import types
 from collections import deque
@@ -21,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 import hiredis
 import redis.asyncio.connection
+from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
@@ -37,7 +39,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from kvsi.store.redis.resp import pack_evalsha
+from kvsi.store.redis.plan import Arg
+from kvsi.store.redis.resp import HEAD, pack_evalsha, pack_transaction, transaction_reply
 
 C = TypeVar("C", bound=AbstractConnection)
 T = TypeVar("T")
@@ -131,7 +134,19 @@ class _Asyncio(types.ModuleType):
 
 
 class DirectScript:
-    """EVALSHA of `script` on a standalone server, packed by `resp.pack_evalsha`, auto-pipelined.
+    """apply.lua calls on a standalone server: a write as a guarded transaction of plain
+    commands (`resp.pack_transaction`), a call without ops as EVALSHA of `script`; packed
+    here, auto-pipelined.
+
+    Why a transaction: Redis runs a script's command at several times the CPU of the same
+    command sent plainly (each argument made a Lua string, then a Redis string again), and a
+    write is hundreds of set members (bench/README.md, ingest_redis.py). The transaction is
+    `WATCH meta abort`, `EVAL guard.lua` (check.lua's checks; a refusal or an error sets the
+    abort key, a key of this transport's own), `MULTI`, the commands, `EXEC`: the writes run
+    all at once, after the checks passed and before any other write to the worker, or not at
+    all; an `EXEC` that ran nothing because a command could not be queued sends the call
+    again as `script` (which writes, or says why not). The guard goes as EVAL, never EVALSHA:
+    a NOSCRIPT would leave the writes unguarded.
 
     Does what redis-py's AsyncScript does (load the script again after NOSCRIPT) without the
     command layer. Calls from concurrent writers (one per worker: each worker's calls are
@@ -150,13 +165,21 @@ class DirectScript:
     redirections.
     """
 
-    def __init__(self, client: Redis, script: AsyncScript) -> None:
+    def __init__(self, client: Redis, script: AsyncScript, guard: str) -> None:
         self._client = client
         self._script = script
+        self._guard = guard
+        self._abort = abort_suffix()
         self._pipe: _Pipe | None = None
         self._connecting: asyncio.Lock | None = None
 
-    async def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    async def __call__(self, keys: list[str], args: list[Arg]) -> Any:
+        if len(args) > HEAD:
+            pipe = await self._connected()
+            packed, count = pack_transaction(self._guard, keys[0] + self._abort, keys, args)
+            reply = transaction_reply(await pipe.call(packed, count))
+            if reply is not None:
+                return reply
         try:
             return await self._once(keys, args)
         except NoScriptError:
@@ -165,10 +188,14 @@ class DirectScript:
 
     async def _once(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         packed = pack_evalsha(self._script.sha, keys, args)
+        pipe = await self._connected()
+        return await pipe.call(packed)
+
+    async def _connected(self) -> _Pipe:
         pipe = self._pipe
         if pipe is None or pipe.dead:
             pipe = await self._connect()
-        return await pipe.call(packed)
+        return pipe
 
     async def _connect(self) -> _Pipe:
         if self._connecting is None:
@@ -199,28 +226,32 @@ goes again through redis-py, which loads the script or follows the cluster."""
 
 
 class ClusterDirectScript:
-    """EVALSHA of `script` on a Redis Cluster, sent straight to the node that serves its first
-    key's slot: packed by `resp.pack_evalsha` and auto-pipelined per node (one `_Pipe` each, as
-    `DirectScript`), instead of redis-py's cluster command layer and one socket write per call.
+    """apply.lua calls on a Redis Cluster, sent straight to the node that serves its first
+        key's slot, as `DirectScript` sends them (a write as a guarded transaction, a call
+        without ops as EVALSHA of `script`) and auto-pipelined per node (one `_Pipe` each),
+        instead of redis-py's cluster command layer and one socket write per call.
 
-    Every key of one call is one worker's (one hash slot). What the direct path does not
-    handle goes through redis-py's AsyncScript, which follows the cluster: a client whose
-    slot map is not loaded yet, a slot no node covers, a reply saying the script did not run
-    there (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT: safe to send again), and the first
-    call to a node after its connection failed (redis-py then refreshes the slot map, so a
-    failover is followed). A connection error or timeout fails the calls in flight on that
-    node, as `DirectScript`'s do (whether they landed is unknown).
+        Every key of one call is one worker's (one hash slot). What the direct path does not
+        handle goes through redis-py's AsyncScript, which follows the cluster: a client whose
+        slot map is not loaded yet, a slot no node covers, a reply saying the script did not run
+        there (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT: safe to send again; a transaction
+    whose EXEC ran nothing, as a MOVED while queuing makes it), and the first
+        call to a node after its connection failed (redis-py then refreshes the slot map, so a
+        failover is followed). A connection error or timeout fails the calls in flight on that
+        node, as `DirectScript`'s do (whether they landed is unknown).
     """
 
-    def __init__(self, client: RedisCluster, script: AsyncScript) -> None:
+    def __init__(self, client: RedisCluster, script: AsyncScript, guard: str) -> None:
         self._client = client
         self._script = script
+        self._guard = guard
+        self._abort = abort_suffix()
         self._pipes: dict[str, _Pipe] = {}
         self._failed: set[str] = set()
         """Nodes whose connection failed: their next call goes through redis-py."""
         self._connecting: asyncio.Lock | None = None
 
-    async def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    async def __call__(self, keys: list[str], args: list[Arg]) -> Any:
         client = self._client
         if client._initialize:  # the slot map is loaded by redis-py's first command
             return await self._script(keys=keys, args=args)
@@ -236,8 +267,13 @@ class ClusterDirectScript:
         try:
             if pipe is None or pipe.dead:
                 pipe = await self._connect(node)
-            packed = pack_evalsha(self._script.sha, keys, args)
-            return await pipe.call(packed)
+            if len(args) <= HEAD:
+                return await pipe.call(pack_evalsha(self._script.sha, keys, args))
+            packed, count = pack_transaction(self._guard, keys[0] + self._abort, keys, args)
+            reply = transaction_reply(await pipe.call(packed, count))
+            if reply is not None:
+                return reply
+            return await self._script(keys=keys, args=args)
         except _REDIRECTED:
             return await self._script(keys=keys, args=args)
         except (ConnectionError, TimeoutError, OSError):
@@ -268,25 +304,34 @@ class ClusterDirectScript:
             await pipe.close()
 
 
+def abort_suffix() -> str:
+    """What names a transport's abort key after a worker's meta key (guard.lua): its own."""
+    return f":abort:{secrets.token_hex(6)}"
+
+
 class _Pipe:
     """One connection of DirectScript: packed calls out in one write per loop round, replies
-    back in order to the calls' futures."""
+    back in order to the calls' futures: the reply, or for a call of several commands the
+    list of their replies (an error reply as its exception, not raised)."""
 
-    __slots__ = ("conn", "dead", "flushing", "loop", "out", "reader", "waiting")
+    __slots__ = ("conn", "counts", "dead", "flushing", "loop", "out", "reader", "waiting")
 
     def __init__(self, conn: AbstractConnection) -> None:
         self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.out: list[bytes] = []
         self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.counts: deque[int] = deque()
         self.flushing = False
         self.reader: asyncio.Task[None] | None = None
         self.dead = False
 
-    def call(self, packed: bytes) -> asyncio.Future[Any]:
+    def call(self, packed: bytes, replies: int = 1) -> asyncio.Future[Any]:
+        """Send `packed`, the bytes of `replies` commands."""
         fut: asyncio.Future[Any] = self.loop.create_future()
         self.out.append(packed)
         self.waiting.append(fut)
+        self.counts.append(replies)
         if not self.flushing:
             self.flushing = True
             self.loop.call_soon(self.flush)
@@ -315,11 +360,10 @@ class _Pipe:
         waiting = self.waiting
         try:
             while waiting:
-                try:
-                    reply = await self.conn.read_response(disconnect_on_error=False)
-                except ResponseError as exc:  # an error reply: that call's own
-                    reply = exc
+                count = self.counts[0]
+                reply = await self._reply() if count == 1 else await self._replies(count)
                 fut = waiting.popleft()
+                self.counts.popleft()
                 if fut.done():  # cancelled meanwhile: its reply is read and dropped
                     continue
                 if isinstance(reply, ResponseError):
@@ -334,10 +378,36 @@ class _Pipe:
         finally:
             self.reader = None
 
+    async def _reply(self) -> Any:
+        try:
+            return await self.conn.read_response(disconnect_on_error=False)
+        except ResponseError as exc:  # an error reply: that call's own
+            return exc
+
+    async def _replies(self, count: int) -> list[Any]:
+        """`count` replies: those already read taken straight from hiredis' reader (a
+        transaction's hundreds of QUEUED), the others read through the connection."""
+        out = [await self._reply()]
+        parser = self.conn._parser
+        reader = parser._reader if isinstance(parser, _AsyncHiredisParser) else None
+        gets = None if reader is None else reader.gets
+        while len(out) < count:
+            if gets is not None:
+                for _ in range(count - len(out)):
+                    reply = gets()
+                    if reply is NOT_ENOUGH_DATA:
+                        break
+                    out.append(reply)
+                else:
+                    break
+            out.append(await self._reply())
+        return out
+
     def _fail(self, exc: BaseException) -> None:
         """Every call in flight fails with `exc`; the connection is not used again."""
         self.dead = True
         self.out.clear()
+        self.counts.clear()
         if isinstance(exc, asyncio.CancelledError):
             exc = ConnectionError("connection reader cancelled")
         while self.waiting:

@@ -12,8 +12,13 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsi.store.redis.plan import Arg
-from kvsi.store.redis.resp import pack_evalsha
+from kvsi.store.redis.plan import COMMANDS, DEL, REMOVE1, SUNIONSTORE, Arg
+from kvsi.store.redis.resp import (
+    UnguardedWriteError,
+    pack_evalsha,
+    pack_transaction,
+    transaction_reply,
+)
 from tests.redis_servers import RedisServer
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -113,3 +118,92 @@ def test_redis_reads_the_arguments_back(redis_server: RedisServer) -> None:
         b"-0.0",
         b"z" * 130,
     ]
+
+
+# -- a write as a transaction: pack_transaction, transaction_reply ------------------------
+
+GUARD = "return 1"
+ABORT = "P:{pod/0}:meta:abort:x"
+CHECK_ARGS: list[Arg] = ["batch", 7, 1.5, "v1", "applied", ""]
+OPS = st.one_of(
+    st.tuples(st.sampled_from(sorted(set(COMMANDS) - {DEL, SUNIONSTORE})), st.lists(ARGS)),
+    st.tuples(st.sampled_from([DEL, SUNIONSTORE]), st.integers(1, 4)),
+    st.tuples(st.just(REMOVE1), st.lists(ARGS, min_size=1, max_size=4)),
+)
+
+
+def _call(ops: list[tuple[str, Any]]) -> tuple[list[str], list[Arg], list[tuple[object, ...]]]:
+    """apply.lua's KEYS and ARGV for `ops`, and the commands apply.lua would run for them."""
+    keys = ["P:{pod/0}:meta", "P:{pod/0}:vlog"]
+    args: list[Arg] = list(CHECK_ARGS)
+    commands: list[tuple[object, ...]] = []
+    for code, what in ops:
+        if code in (DEL, SUNIONSTORE):
+            named = [f"P:{{pod/0}}:k{len(keys) + j}" for j in range(what)]
+            args += [code, what]
+            commands.append((COMMANDS[code], *named))
+            keys += named
+        elif code == REMOVE1:
+            named = [f"P:{{pod/0}}:s{len(keys) + j}" for j in range(len(what))]
+            args += [code, len(what), *what]
+            commands += [("SREM", k, a) for k, a in zip(named, what, strict=True)]
+            keys += named
+        else:
+            key = f"P:{{pod/0}}:ключ{len(keys)}"
+            args += [code, len(what), *what]
+            commands.append((COMMANDS[code], key, *what))
+            keys.append(key)
+    return keys, args, commands
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(OPS, max_size=8))
+def test_a_transaction_packs_apply_luas_commands_as_hiredis(ops: list[tuple[str, Any]]) -> None:
+    """Each op becomes the very command apply.lua runs for it, between the guard and EXEC."""
+    keys, args, commands = _call(ops)
+    expected = [
+        ("WATCH", keys[0], ABORT),
+        ("EVAL", GUARD, 3, keys[0], keys[1], ABORT, *CHECK_ARGS),
+        ("MULTI",),
+        *commands,
+        ("EXEC",),
+    ]
+    packed, replies = pack_transaction(GUARD, ABORT, keys, args)
+    assert packed == b"".join(hiredis.pack_command(c) for c in expected)
+    assert replies == len(expected)
+
+
+class Refused(Exception):
+    """An error reply, as the reader hands it over (not raised)."""
+
+
+APPLIED = [b"applied", b"v1", b"", b"", 1]
+
+
+@pytest.mark.parametrize(
+    ("replies", "expected"),
+    [
+        ([b"OK", APPLIED, b"OK", b"QUEUED", [1]], [b"applied", b"v1", b"", b""]),
+        ([b"OK", [b"stale", b"v0", b"", b""], b"OK", b"QUEUED", None], [b"stale", b"v0", b"", b""]),
+        (
+            [b"OK", [b"duplicate", b"v2", b"v3", b"b"], b"OK", None],
+            [b"duplicate", b"v2", b"v3", b"b"],
+        ),
+        ([b"OK", APPLIED, b"OK", b"QUEUED", None], [b"stale", b"v1", b"", b""]),
+        ([b"OK", APPLIED, b"OK", Refused("OOM"), Refused("EXECABORT")], None),
+    ],
+    ids=["ran", "refused", "duplicate", "another-write-first", "not-queued"],
+)
+def test_a_transactions_replies_read_as_apply_luas(replies: list[Any], expected: Any) -> None:
+    assert transaction_reply(replies) == expected
+
+
+def test_a_transactions_error_replies_raise() -> None:
+    with pytest.raises(Refused, match="MOVED"):
+        transaction_reply([Refused("MOVED"), Refused("MOVED"), b"OK", Refused("EXECABORT")])
+    with pytest.raises(Refused, match="WRONGTYPE"):
+        transaction_reply([b"OK", Refused("WRONGTYPE"), b"OK", b"QUEUED", None])
+    with pytest.raises(Refused, match="WRONGTYPE"):
+        transaction_reply([b"OK", APPLIED, b"OK", b"QUEUED", b"QUEUED", [1, Refused("WRONGTYPE")]])
+    with pytest.raises(UnguardedWriteError, match="BUSY"):
+        transaction_reply([b"OK", Refused("BUSY"), b"OK", b"QUEUED", [1]])

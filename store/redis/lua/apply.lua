@@ -1,75 +1,25 @@
--- A guarded write to one worker: the fence rule and the version check, then plain writes.
--- KEYS[1]    the worker's meta hash (fields seq, epoch, last_ts: the fence; ver: the version)
--- KEYS[2]    the worker's version log, newest first: "<previous ver> <new ver> <batch id>"
+-- A guarded write to one worker in one script: check.lua's checks, then plain writes.
+-- KEYS, ARGV[1..6] and the reply: as check.lua's; a refused write writes nothing.
 -- KEYS[3..]  further keys of the same worker, taken in order by the ops; on a standalone
 --            server also the directories' sets a write asserts (store/README.md "Redis:
 --            directories"), which only a server without slots lets one script write
--- ARGV[1]    "batch" (store.model.decide's fence rule applies) or "op" (version check only)
--- ARGV[2]    the batch's seq ("" for op); compared as a Lua number, exact below 2^53
--- ARGV[3]    the batch's ts ("" for op)
--- ARGV[4]    version the writer's mirror reflects ("" = never written, "-" = no mirror)
--- ARGV[5]    outcome the writer predicted from its mirror ("applied" for op)
--- ARGV[6]    "<seq> <epoch>" of a fence the writer saw stored, or "": a stored fence that
---            is missing or older (store.model.fell_behind) means the store lost data, and
---            the call returns "lost" with the stored seq, writing nothing
 -- ARGV[7..]  ops, each: code, count, args... (store/redis/plan.py): an op takes the next
 --            key and `count` args, or for DEL/SUNIONSTORE the next `count` keys, or for S
 --            (one SREM of one member per key) the next `count` keys and `count` args, one
 --            each. An XADD op (the change feed's record) runs only here, after the checks: a
 --            duplicate or stale call adds nothing, so each applied batch is in the feed once.
 --            The entry index's buckets are plain SADDs and SREMs the writer groups itself.
--- Returns {outcome, current version, next version, next batch id}: outcome is one of
--- store.model.ApplyOutcome's values, "lost" (then the third item is the stored seq, or
--- ""), or "stale" (the mirror is not the stored version: nothing
--- was written). For duplicate and previous_engine, the next version/batch are the log entry
--- that followed ARGV[4], so a writer that saw the same batch can follow without reloading.
+-- The same ops also run as plain commands of a transaction guarded by guard.lua
+-- (store/redis/transport.py), as plan.commands renders them.
+local refused, outcome, ver = check()
+if refused then
+  return refused
+end
 local CMD = {
   a = 'SADD', r = 'SREM', d = 'DEL', h = 'HSET', n = 'HSETNX', H = 'HDEL',
   z = 'ZADD', Z = 'ZREM', u = 'SUNIONSTORE', l = 'LPUSH', t = 'LTRIM', x = 'XADD',
   e = 'EXPIRE',
 }
-local m = redis.call('HMGET', KEYS[1], 'seq', 'epoch', 'last_ts', 'ver')
-local ver = m[4] or ''
-if ARGV[6] ~= '' then
-  local eseq, eepoch = string.match(ARGV[6], '^(%S+) (%S+)$')
-  eseq, eepoch = tonumber(eseq), tonumber(eepoch)
-  if not m[1] then
-    return {'lost', ver, '', ''}
-  end
-  local sepoch = tonumber(m[2])
-  if sepoch < eepoch or (sepoch == eepoch and tonumber(m[1]) < eseq) then
-    return {'lost', ver, m[1], ''}
-  end
-end
-local outcome = 'applied'
-if ARGV[1] == 'batch' and m[1] then
-  local seq, ts = tonumber(ARGV[2]), tonumber(ARGV[3])
-  if ts < tonumber(m[2]) then
-    outcome = 'previous_engine'
-  elseif seq > tonumber(m[1]) then
-    outcome = 'applied'
-  elseif ts > tonumber(m[3]) then
-    outcome = 'restarted'
-  else
-    outcome = 'duplicate'
-  end
-end
-
-if outcome == 'duplicate' or outcome == 'previous_engine' then
-  if ver ~= ARGV[4] and ARGV[4] ~= '-' then
-    for _, entry in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
-      local prev, nxt, id = string.match(entry, '^(%S*) (%S+) (.*)$')
-      if prev == ARGV[4] then
-        return {outcome, ver, nxt, id}
-      end
-    end
-  end
-  return {outcome, ver, '', ''}
-end
-if ver ~= ARGV[4] or outcome ~= ARGV[5] then
-  return {'stale', ver, '', ''}
-end
-
 local i, k, n = 7, 3, #ARGV
 while i <= n do
   local code, count = ARGV[i], tonumber(ARGV[i + 1])

@@ -1,0 +1,156 @@
+"""A write as a guarded transaction (store/redis/transport.py): `WATCH meta abort`, `EVAL
+guard.lua`, `MULTI`, the plain commands, `EXEC`. Its writes land all at once after the
+checks passed, and never otherwise: a refusal, a failing guard, another write between the
+guard and EXEC, a command Redis refuses to queue. On a real server, through the store's own
+transport."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import hiredis
+import pytest
+import redis
+import redis.exceptions
+
+from kvsi.store.model import Batch, EntriesStored, WorkerKey
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.plan import SADD, Arg
+from kvsi.store.redis.reads import write_script
+from kvsi.store.redis.resp import pack_transaction, transaction_reply
+from kvsi.store.redis.transport import DirectScript
+from tests.redis_servers import RedisServer
+from tests.store.conftest import MakeStore
+
+pytestmark = pytest.mark.redis
+
+WORKER = WorkerKey("pod-tx", 0)
+
+
+async def _written(store: RedisStore) -> tuple[DirectScript, list[str], str]:
+    """The store's transport, the worker's meta and version log keys, and its version after
+    one batch."""
+    await store.apply(WORKER, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]))
+    direct = store._direct
+    assert isinstance(direct, DirectScript)
+    keys = store.worker_keys(WORKER)
+    ver = (await store._client.hget(keys.meta, "ver") or b"").decode()
+    assert ver
+    return direct, [keys.meta, keys.vlog], ver
+
+
+def _op(keys: list[str], target: str, members: list[Arg], ver: str) -> tuple[list[str], list[Arg]]:
+    """An op-mode call expecting version `ver`: SADD `members` to `target`."""
+    return [*keys, target], ["op", "", "", ver, "applied", "", SADD, len(members), *members]
+
+
+async def test_a_write_lands_after_its_checks_and_not_otherwise(
+    make_store: MakeStore, raw: redis.Redis
+) -> None:
+    store = await make_store()
+    direct, keys, ver = await _written(store)
+    target = keys[0] + ":x"
+    stale = await direct(*_op(keys, target, [5], "not-" + ver))
+    assert stale[0] == b"stale" and stale[1] == ver.encode()
+    assert not raw.exists(target)
+    ran = await direct(*_op(keys, target, [5, 6], ver))
+    assert ran[0] == b"applied"
+    assert raw.smembers(target) == {b"5", b"6"}
+
+
+async def test_a_guard_that_fails_writes_nothing(make_store: MakeStore, raw: redis.Redis) -> None:
+    """check.lua raising (its meta is not a hash): the error comes back, the EXEC runs nothing."""
+    store = await make_store()
+    direct, keys, ver = await _written(store)
+    raw.delete(keys[0])
+    raw.set(keys[0], "not a hash")
+    target = keys[0] + ":x"
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await direct(*_op(keys, target, [5], ver))
+    assert not raw.exists(target)
+    assert await direct(*_op([keys[0] + "2", keys[1]], target, [7], "")) is not None  # carries on
+
+
+async def test_the_abort_key_is_gone_at_once(make_store: MakeStore, raw: redis.Redis) -> None:
+    store = await make_store()
+    direct, keys, _ = await _written(store)
+    for _ in range(5):
+        assert (await direct(*_op(keys, keys[0] + ":x", [5], "old")))[0] == b"stale"
+    await asyncio.sleep(0.05)
+    assert raw.keys(keys[0] + ":abort:*") == []
+
+
+async def test_another_write_between_the_guard_and_exec_aborts_it(
+    redis_server: RedisServer, raw: redis.Redis, make_store: MakeStore
+) -> None:
+    """The transaction's bytes arrive in two parts, the guard in the first; another client
+    writes the worker's meta in between: the EXEC runs nothing, the call reads "stale"."""
+    store = await make_store()
+    _, keys, ver = await _written(store)
+    target = keys[0] + ":x"
+    call_keys, args = _op(keys, target, [5], ver)
+    packed, count = pack_transaction(write_script("guard"), keys[0] + ":abort:t", call_keys, args)
+    cut = packed.index(b"MULTI") + len(b"MULTI\r\n")
+    reader = hiredis.Reader(replyError=lambda m: redis.exceptions.ResponseError(m))
+    replies: list[Any] = []
+    with socket.create_connection(("127.0.0.1", redis_server.port), timeout=5) as sock:
+        sock.sendall(packed[:cut])
+        while len(replies) < 3:  # WATCH, the guard, MULTI
+            reader.feed(sock.recv(65536))
+            while (reply := reader.gets()) is not False:
+                replies.append(reply)
+        assert replies[1][0] == b"applied"  # the checks passed
+        raw.hset(keys[0], "ver", "another")
+        sock.sendall(packed[cut:])
+        while len(replies) < count:
+            reader.feed(sock.recv(65536))
+            while (reply := reader.gets()) is not False:
+                replies.append(reply)
+    assert replies[-1] is None
+    assert transaction_reply(replies) == [b"stale", ver.encode(), b"", b""]
+    assert not raw.exists(target)
+
+
+async def test_a_command_redis_will_not_queue_sends_the_call_as_apply_lua() -> None:
+    """Out of memory: the guard passes, the SADD is not queued, the EXEC runs nothing; the
+    call goes again as apply.lua, whose own write is refused, and that error comes back."""
+    server = RedisServer()
+    server.start()
+    try:
+        store = RedisStore.from_url(f"{server.url}?prefix=t")
+        try:
+            direct, keys, ver = await _written(store)
+            client = server.client()
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+            target = keys[0] + ":x"
+            with pytest.raises(redis.exceptions.ResponseError, match="> 'maxmemory'"):
+                await direct(*_op(keys, target, [5], ver))
+            client.config_set("maxmemory", "0")
+            assert not client.exists(target)
+            stats = client.info("commandstats")
+            assert stats["cmdstat_sadd"]["rejected_calls"] >= 1  # not queued
+            exec_ = stats["cmdstat_exec"]
+            assert exec_["rejected_calls"] + exec_["failed_calls"] >= 1  # EXECABORT
+            assert stats["cmdstat_evalsha"]["failed_calls"] >= 1  # apply.lua's refused write
+            assert (await direct(*_op(keys, target, [5], ver)))[0] == b"applied"
+            assert client.smembers(target) == {b"5"}
+        finally:
+            await store.close()
+    finally:
+        server.stop()
+
+
+async def test_a_flushed_script_cache_leaves_every_write_guarded(
+    make_store: MakeStore, raw: redis.Redis
+) -> None:
+    """The guard goes as EVAL, never EVALSHA: no NOSCRIPT can let the writes run unchecked."""
+    store = await make_store()
+    direct, keys, ver = await _written(store)
+    raw.script_flush()
+    target = keys[0] + ":x"
+    assert (await direct(*_op(keys, target, [5], "old")))[0] == b"stale"
+    assert not raw.exists(target)
+    assert (await direct(*_op(keys, target, [5], ver)))[0] == b"applied"
