@@ -52,9 +52,11 @@ HEAD: Final = 6
 
 def pack_transaction(guard: str, abort: str, keys: list[str], args: list[Arg]) -> tuple[bytes, int]:
     """apply.lua's call (`keys`, `args`) as a transaction of plain commands, and the number
-    of replies it gets: `WATCH meta abort`, `EVAL guard` (check.lua's checks on meta and
-    version log, `abort` the key it sets to refuse), `MULTI`, each op of `args` as the
-    command apply.lua would run, `EXEC`."""
+    of replies it gets: `WATCH vlog abort` (every write of the version pushes to the version
+    log), `EVAL guard` (check.lua's checks on meta and version log, `abort` the key it sets
+    to refuse), `MULTI`, `EXISTS vlog abort` (refused while queuing wherever the WATCH was
+    refused: a cluster's slot that moved or is moving), each op of `args` as the command
+    apply.lua would run, `EXEC`."""
     try:
         return _transaction(_Packer(), guard, abort, keys, args)
     except _IrregularError:
@@ -64,15 +66,17 @@ def pack_transaction(guard: str, abort: str, keys: list[str], args: list[Arg]) -
 def _transaction(
     packer: _Out, guard: str, abort: str, keys: list[str], args: list[Arg]
 ) -> tuple[bytes, int]:
-    meta = keys[0]
+    meta, vlog = keys[0], keys[1]
     packer.head(3)
-    packer.add(("WATCH", meta, abort))
+    packer.add(("WATCH", vlog, abort))
     packer.head(6 + HEAD)
-    packer.add(("EVAL", guard, 3, meta, keys[1], abort))
-    packer.add(args[:HEAD])
+    packer.add(("EVAL", guard, 3, meta, vlog, abort))
+    packer.add_range(args, 0, HEAD)
     packer.head(1)
     packer.add(("MULTI",))
-    replies = 4
+    packer.head(3)
+    packer.add(("EXISTS", vlog, abort))
+    replies = 5
     i, k, n = HEAD, 2, len(args)
     while i < n:
         code = args[i]
@@ -250,30 +254,36 @@ class _PlainPacker(_Out):
 
 
 class UnguardedWriteError(Exception):
-    """A transaction's EXEC ran although its guard failed to run: its writes landed without
-    check.lua's checks (a guard refused by the server, e.g. BUSY, in the one case where the
-    commands queued after it were not refused too)."""
+    """A transaction's commands ran although its checks did not pass (a guard refused by the
+    server, e.g. BUSY, whose commands were queued nonetheless; a refused MULTI, after which
+    they ran one by one): what landed was not checked. Never sent again."""
 
 
 def transaction_reply(replies: Sequence[object]) -> Sequence[object] | None:
-    """apply.lua's reply for the replies of a `pack_transaction` call, or None when its EXEC
-    ran nothing because queuing a command failed (then apply.lua tells why, or writes).
+    """apply.lua's reply for the replies of a `pack_transaction` call, or None when nothing
+    ran and apply.lua should answer instead (a command Redis would not queue, or a guard
+    that failed where nothing could have run: out of memory, say).
 
-    An error reply of the WATCH or the guard is raised (a cluster's MOVED among them); so is
-    one of the transaction's commands (the others ran, as a script's writes before an error).
+    An error reply of the WATCH is raised (a cluster's MOVED among them: nothing ran), as is
+    the guard's when the abort key stopped the EXEC, and an error among the transaction's
+    commands (the others ran). Commands that ran unchecked raise UnguardedWriteError.
     """
-    watch, guard, done = replies[0], replies[1], replies[-1]
+    watch, guard, multi, done = replies[0], replies[1], replies[2], replies[-1]
+    passed = isinstance(guard, list) and len(guard) > 4
+    if isinstance(multi, Exception) or (isinstance(done, list) and not passed):
+        raise UnguardedWriteError(
+            f"a write's commands ran without its checks passing: WATCH {watch!r}, "
+            f"guard {guard!r}, MULTI {multi!r}"
+        )
     if isinstance(watch, Exception):
         raise watch
-    if isinstance(guard, Exception):
-        if isinstance(done, list):
-            raise UnguardedWriteError(f"a write landed while its guard failed: {guard}")
-        raise guard
-    assert isinstance(guard, list)
     if isinstance(done, Exception):
         return None
+    if isinstance(guard, Exception):
+        raise guard
+    assert isinstance(guard, list)
     if done is None:  # refused by the guard, or another write to the worker came first
-        return [b"stale", guard[1], b"", b""] if len(guard) > 4 else guard
+        return [b"stale", guard[1], b"", b""] if passed else guard
     assert isinstance(done, list)
     for reply in done:
         if isinstance(reply, Exception):

@@ -13,6 +13,7 @@ a standalone server.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import sys
 import types
@@ -138,14 +139,15 @@ class DirectScript:
     commands (`resp.pack_transaction`), a call without ops as EVALSHA of `script`; packed
     here, auto-pipelined.
 
-    Why a transaction: Redis runs a script's command at several times the CPU of the same
-    command sent plainly (each argument made a Lua string, then a Redis string again), and a
-    write is hundreds of set members (bench/README.md, ingest_redis.py). The transaction is
-    `WATCH meta abort`, `EVAL guard.lua` (check.lua's checks; a refusal or an error sets the
-    abort key, a key of this transport's own), `MULTI`, the commands, `EXEC`: the writes run
-    all at once, after the checks passed and before any other write to the worker, or not at
-    all; an `EXEC` that ran nothing because a command could not be queued sends the call
-    again as `script` (which writes, or says why not). The guard goes as EVAL, never EVALSHA:
+    Why a transaction: Redis spends more CPU on a script's command than on the same command
+    sent plainly (each argument made a Lua string, then a Redis string again), and a write
+    is hundreds of set members (bench/README.md, ingest_redis.py). The transaction is
+    `WATCH vlog abort`, `EVAL guard.lua` (check.lua's checks; a refusal or an error sets the
+    abort key, this call's own), `MULTI`, `EXISTS vlog abort`, the commands, `EXEC`: the
+    writes run all at once, after the checks passed and before any other write of the
+    worker's version, or not at all (`resp.transaction_reply`); an `EXEC` that ran nothing
+    because a command could not be queued sends the call again as `script` (which writes,
+    or says why not). The guard goes as EVAL, never EVALSHA:
     a NOSCRIPT would leave the writes unguarded.
 
     Does what redis-py's AsyncScript does (load the script again after NOSCRIPT) without the
@@ -169,14 +171,14 @@ class DirectScript:
         self._client = client
         self._script = script
         self._guard = guard
-        self._abort = abort_suffix()
+        self._abort_key = AbortKeys()
         self._pipe: _Pipe | None = None
         self._connecting: asyncio.Lock | None = None
 
     async def __call__(self, keys: list[str], args: list[Arg]) -> Any:
         if len(args) > HEAD:
             pipe = await self._connected()
-            packed, count = pack_transaction(self._guard, keys[0] + self._abort, keys, args)
+            packed, count = pack_transaction(self._guard, self._abort_key(keys), keys, args)
             reply = transaction_reply(await pipe.call(packed, count))
             if reply is not None:
                 return reply
@@ -245,7 +247,7 @@ class ClusterDirectScript:
         self._client = client
         self._script = script
         self._guard = guard
-        self._abort = abort_suffix()
+        self._abort_key = AbortKeys()
         self._pipes: dict[str, _Pipe] = {}
         self._failed: set[str] = set()
         """Nodes whose connection failed: their next call goes through redis-py."""
@@ -269,7 +271,7 @@ class ClusterDirectScript:
                 pipe = await self._connect(node)
             if len(args) <= HEAD:
                 return await pipe.call(pack_evalsha(self._script.sha, keys, args))
-            packed, count = pack_transaction(self._guard, keys[0] + self._abort, keys, args)
+            packed, count = pack_transaction(self._guard, self._abort_key(keys), keys, args)
             reply = transaction_reply(await pipe.call(packed, count))
             if reply is not None:
                 return reply
@@ -304,9 +306,19 @@ class ClusterDirectScript:
             await pipe.close()
 
 
-def abort_suffix() -> str:
-    """What names a transport's abort key after a worker's meta key (guard.lua): its own."""
-    return f":abort:{secrets.token_hex(6)}"
+class AbortKeys:
+    """The abort key of each transaction (guard.lua): after the worker's meta key, this
+    transport's own random name and a count, so no call watches a key an earlier one set
+    (whose expiry within the call's WATCH would abort it)."""
+
+    __slots__ = ("_count", "_infix")
+
+    def __init__(self) -> None:
+        self._infix = f":abort:{secrets.token_hex(6)}:"
+        self._count = itertools.count()
+
+    def __call__(self, keys: list[str]) -> str:
+        return f"{keys[0]}{self._infix}{next(self._count)}"
 
 
 class _Pipe:
@@ -386,17 +398,24 @@ class _Pipe:
 
     async def _replies(self, count: int) -> list[Any]:
         """`count` replies: those already read taken straight from hiredis' reader (a
-        transaction's hundreds of QUEUED), the others read through the connection."""
+        transaction's hundreds of QUEUED), as `read_response` would take them (a push
+        message handed to the parser, not counted; a connection error raised), the others
+        read through the connection."""
         out = [await self._reply()]
         parser = self.conn._parser
         reader = parser._reader if isinstance(parser, _AsyncHiredisParser) else None
-        gets = None if reader is None else reader.gets
+        push = None if reader is None else parser._hiredis_PushNotificationType
         while len(out) < count:
-            if gets is not None:
-                for _ in range(count - len(out)):
-                    reply = gets()
+            if reader is not None:
+                while len(out) < count:
+                    reply = reader.gets()
                     if reply is NOT_ENOUGH_DATA:
                         break
+                    if isinstance(reply, ConnectionError):
+                        raise reply
+                    if push is not None and isinstance(reply, push):
+                        await parser.handle_push_response(reply)
+                        continue
                     out.append(reply)
                 else:
                     break

@@ -149,7 +149,7 @@ def _call(ops: list[tuple[str, Any]]) -> tuple[list[str], list[Arg], list[tuple[
             commands += [("SREM", k, a) for k, a in zip(named, what, strict=True)]
             keys += named
         else:
-            key = f"P:{{pod/0}}:ключ{len(keys)}"
+            key = f"P:{{pod/0}}:{'ключ' if len(keys) % 2 else 'k'}{len(keys)}"
             args += [code, len(what), *what]
             commands.append((COMMANDS[code], key, *what))
             keys.append(key)
@@ -162,9 +162,10 @@ def test_a_transaction_packs_apply_luas_commands_as_hiredis(ops: list[tuple[str,
     """Each op becomes the very command apply.lua runs for it, between the guard and EXEC."""
     keys, args, commands = _call(ops)
     expected = [
-        ("WATCH", keys[0], ABORT),
+        ("WATCH", keys[1], ABORT),
         ("EVAL", GUARD, 3, keys[0], keys[1], ABORT, *CHECK_ARGS),
         ("MULTI",),
+        ("EXISTS", keys[1], ABORT),
         *commands,
         ("EXEC",),
     ]
@@ -178,32 +179,49 @@ class Refused(Exception):
 
 
 APPLIED = [b"applied", b"v1", b"", b"", 1]
+OK, QUEUED = b"OK", b"QUEUED"
 
 
 @pytest.mark.parametrize(
     ("replies", "expected"),
     [
-        ([b"OK", APPLIED, b"OK", b"QUEUED", [1]], [b"applied", b"v1", b"", b""]),
-        ([b"OK", [b"stale", b"v0", b"", b""], b"OK", b"QUEUED", None], [b"stale", b"v0", b"", b""]),
+        ([OK, APPLIED, OK, QUEUED, QUEUED, [1, 1]], [b"applied", b"v1", b"", b""]),
+        ([OK, [b"stale", b"v0", b"", b""], OK, QUEUED, QUEUED, None], [b"stale", b"v0", b"", b""]),
         (
-            [b"OK", [b"duplicate", b"v2", b"v3", b"b"], b"OK", None],
+            [OK, [b"duplicate", b"v2", b"v3", b"b"], OK, QUEUED, None],
             [b"duplicate", b"v2", b"v3", b"b"],
         ),
-        ([b"OK", APPLIED, b"OK", b"QUEUED", None], [b"stale", b"v1", b"", b""]),
-        ([b"OK", APPLIED, b"OK", Refused("OOM"), Refused("EXECABORT")], None),
+        ([OK, APPLIED, OK, QUEUED, QUEUED, None], [b"stale", b"v1", b"", b""]),
+        ([OK, APPLIED, OK, QUEUED, Refused("OOM"), Refused("EXECABORT")], None),
+        ([OK, Refused("OOM"), OK, QUEUED, Refused("OOM"), Refused("EXECABORT")], None),
     ],
-    ids=["ran", "refused", "duplicate", "another-write-first", "not-queued"],
+    ids=["ran", "refused", "duplicate", "another-write-first", "not-queued", "guard-oom"],
 )
 def test_a_transactions_replies_read_as_apply_luas(replies: list[Any], expected: Any) -> None:
     assert transaction_reply(replies) == expected
 
 
 def test_a_transactions_error_replies_raise() -> None:
+    moved = Refused("MOVED")
     with pytest.raises(Refused, match="MOVED"):
-        transaction_reply([Refused("MOVED"), Refused("MOVED"), b"OK", Refused("EXECABORT")])
+        transaction_reply([moved, moved, OK, moved, Refused("EXECABORT")])
     with pytest.raises(Refused, match="WRONGTYPE"):
-        transaction_reply([b"OK", Refused("WRONGTYPE"), b"OK", b"QUEUED", None])
+        transaction_reply([OK, Refused("WRONGTYPE"), OK, QUEUED, QUEUED, None])
     with pytest.raises(Refused, match="WRONGTYPE"):
-        transaction_reply([b"OK", APPLIED, b"OK", b"QUEUED", b"QUEUED", [1, Refused("WRONGTYPE")]])
-    with pytest.raises(UnguardedWriteError, match="BUSY"):
-        transaction_reply([b"OK", Refused("BUSY"), b"OK", b"QUEUED", [1]])
+        transaction_reply([OK, APPLIED, OK, QUEUED, QUEUED, [1, 1, Refused("WRONGTYPE")]])
+
+
+@pytest.mark.parametrize(
+    "replies",
+    [
+        [OK, Refused("BUSY"), OK, QUEUED, QUEUED, [1, 1]],
+        [Refused("TRYAGAIN"), Refused("TRYAGAIN"), OK, QUEUED, QUEUED, [0, 1]],
+        [OK, [b"stale", b"v0", b"", b""], OK, QUEUED, QUEUED, [1, 1]],
+        [OK, APPLIED, Refused("MULTI nested"), 1, 1, Refused("EXEC without MULTI")],
+    ],
+    ids=["guard-busy", "watch-refused", "refused-yet-ran", "multi-refused"],
+)
+def test_commands_that_ran_unchecked_raise(replies: list[Any]) -> None:
+    """Never read as an outcome, never sent again: what landed was not checked."""
+    with pytest.raises(UnguardedWriteError):
+        transaction_reply(replies)

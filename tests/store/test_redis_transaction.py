@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -82,35 +83,77 @@ async def test_the_abort_key_is_gone_at_once(make_store: MakeStore, raw: redis.R
     assert raw.keys(keys[0] + ":abort:*") == []
 
 
+def _in_two_parts(
+    port: int, packed: bytes, count: int, meanwhile: Callable[[], object]
+) -> list[Any]:
+    """Send a transaction's bytes in two parts, the guard and MULTI in the first, running
+    `meanwhile` in between; its replies."""
+    cut = packed.index(b"MULTI") + len(b"MULTI\r\n")
+    reader = hiredis.Reader(replyError=redis.exceptions.ResponseError)
+    replies: list[Any] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        for part, until in ((packed[:cut], 3), (packed[cut:], count)):
+            sock.sendall(part)
+            while len(replies) < until:
+                reader.feed(sock.recv(65536))
+                while (reply := reader.gets()) is not False:
+                    replies.append(reply)
+            if until == 3:
+                assert replies[1][0] == b"applied"  # the checks passed
+                meanwhile()
+    return replies
+
+
 async def test_another_write_between_the_guard_and_exec_aborts_it(
     redis_server: RedisServer, raw: redis.Redis, make_store: MakeStore
 ) -> None:
-    """The transaction's bytes arrive in two parts, the guard in the first; another client
-    writes the worker's meta in between: the EXEC runs nothing, the call reads "stale"."""
+    """Another write of the worker's version (which pushes to its log) between the guard and
+    the EXEC: the EXEC runs nothing, the call reads "stale"."""
     store = await make_store()
     _, keys, ver = await _written(store)
     target = keys[0] + ":x"
     call_keys, args = _op(keys, target, [5], ver)
     packed, count = pack_transaction(write_script("guard"), keys[0] + ":abort:t", call_keys, args)
-    cut = packed.index(b"MULTI") + len(b"MULTI\r\n")
-    reader = hiredis.Reader(replyError=lambda m: redis.exceptions.ResponseError(m))
-    replies: list[Any] = []
-    with socket.create_connection(("127.0.0.1", redis_server.port), timeout=5) as sock:
-        sock.sendall(packed[:cut])
-        while len(replies) < 3:  # WATCH, the guard, MULTI
-            reader.feed(sock.recv(65536))
-            while (reply := reader.gets()) is not False:
-                replies.append(reply)
-        assert replies[1][0] == b"applied"  # the checks passed
+
+    def another_write() -> None:
         raw.hset(keys[0], "ver", "another")
-        sock.sendall(packed[cut:])
-        while len(replies) < count:
-            reader.feed(sock.recv(65536))
-            while (reply := reader.gets()) is not False:
-                replies.append(reply)
+        raw.lpush(keys[1], f"{ver} another x")
+
+    replies = _in_two_parts(redis_server.port, packed, count, another_write)
     assert replies[-1] is None
     assert transaction_reply(replies) == [b"stale", ver.encode(), b"", b""]
     assert not raw.exists(target)
+
+
+async def test_a_status_between_the_guard_and_exec_does_not_abort_it(
+    redis_server: RedisServer, raw: redis.Redis, make_store: MakeStore
+) -> None:
+    """Meta fields no write's checks read (status, marks) change meanwhile: the write runs."""
+    store = await make_store()
+    _, keys, ver = await _written(store)
+    target = keys[0] + ":x"
+    call_keys, args = _op(keys, target, [5], ver)
+    packed, count = pack_transaction(write_script("guard"), keys[0] + ":abort:t", call_keys, args)
+    replies = _in_two_parts(
+        redis_server.port, packed, count, lambda: raw.hset(keys[0], "state", "ingesting")
+    )
+    assert transaction_reply(replies) == [b"applied", ver.encode(), b"", b""]
+    assert raw.smembers(target) == {b"5"}
+
+
+async def test_a_write_right_after_a_refusal_runs(make_store: MakeStore, raw: redis.Redis) -> None:
+    """Each call watches an abort key of its own: the one a refusal set a moment before
+    (expiring during the next call's WATCH) aborts nothing."""
+    store = await make_store()
+    direct, keys, ver = await _written(store)
+    target = keys[0] + ":x"
+    members: list[Arg] = list(range(3000))
+    for i in range(100):
+        refused, ran = await asyncio.gather(
+            direct(*_op(keys, target, [5], "old")), direct(*_op(keys, target, members, ver))
+        )
+        assert refused[0] == b"stale"
+        assert ran[0] == b"applied", i
 
 
 async def test_a_command_redis_will_not_queue_sends_the_call_as_apply_lua() -> None:

@@ -1,9 +1,10 @@
 -- The guard of a transaction that writes to one worker (store/redis/transport.py):
---   WATCH <abort key>, EVAL guard.lua, MULTI, <the write's plain commands>, EXEC.
--- check.lua's checks, KEYS[1..2] and ARGV[1..6] as there; KEYS[3] the abort key, one of
--- the writer's own (the worker's hash tag), watched since before this script ran.
--- A write that may go ahead touches nothing: its EXEC runs, unless another client wrote
--- to the abort key meanwhile (none does). Anything else, a refusal or an error
+--   WATCH <version log> <abort key>, EVAL guard.lua, MULTI, EXISTS <the same two>,
+--   <the write's plain commands>, EXEC.
+-- check.lua's checks, KEYS[1..2] and ARGV[1..6] as there; KEYS[3] the abort key, this
+-- call's own (the worker's hash tag), watched since before this script ran.
+-- A write that may go ahead touches nothing: its EXEC runs, unless another write of the
+-- worker's version (which pushes to its log) came meanwhile. Anything else, a refusal or an error
 -- (a check that fails to run), sets the abort key for a millisecond, so the EXEC that
 -- follows runs nothing. Returns check.lua's reply, with a fifth item 1 when the write may
 -- go ahead; an error as an error reply.
