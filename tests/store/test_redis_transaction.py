@@ -15,15 +15,17 @@ import hiredis
 import pytest
 import redis
 import redis.exceptions
+from redis.crc import key_slot
 
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.plan import SADD, Arg
 from kvsi.store.redis.reads import write_script
-from kvsi.store.redis.resp import pack_transaction, transaction_reply
+from kvsi.store.redis.resp import UnguardedWriteError, pack_transaction, transaction_reply
 from kvsi.store.redis.transport import DirectScript
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterServers, RedisServer
 from tests.store.conftest import MakeStore
+from tests.store.test_redis_node_reads import node_of
 
 pytestmark = pytest.mark.redis
 
@@ -84,10 +86,15 @@ async def test_the_abort_key_is_gone_at_once(make_store: MakeStore, raw: redis.R
 
 
 def _in_two_parts(
-    port: int, packed: bytes, count: int, meanwhile: Callable[[], object]
+    port: int,
+    packed: bytes,
+    count: int,
+    meanwhile: Callable[[], object],
+    *,
+    checked: bool = True,
 ) -> list[Any]:
     """Send a transaction's bytes in two parts, the guard and MULTI in the first, running
-    `meanwhile` in between; its replies."""
+    `meanwhile` in between (once the checks passed, if `checked`); its replies."""
     cut = packed.index(b"MULTI") + len(b"MULTI\r\n")
     reader = hiredis.Reader(replyError=redis.exceptions.ResponseError)
     replies: list[Any] = []
@@ -99,7 +106,7 @@ def _in_two_parts(
                 while (reply := reader.gets()) is not False:
                     replies.append(reply)
             if until == 3:
-                assert replies[1][0] == b"applied"  # the checks passed
+                assert not checked or replies[1][0] == b"applied"  # the checks passed
                 meanwhile()
     return replies
 
@@ -197,3 +204,71 @@ async def test_a_flushed_script_cache_leaves_every_write_guarded(
     assert (await direct(*_op(keys, target, [5], "old")))[0] == b"stale"
     assert not raw.exists(target)
     assert (await direct(*_op(keys, target, [5], ver)))[0] == b"applied"
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_a_moving_slot_refuses_the_whole_transaction(
+    make_store: MakeStore, redis_cluster: RedisClusterServers
+) -> None:
+    """The worker's slot starts moving (its keys still on the source, the abort key not):
+    the WATCH and the guard are answered TRYAGAIN, and the queued EXISTS of the same keys
+    refuses the EXEC, so writes to keys still there do not run unchecked."""
+    store = await make_store(redis_cluster.url)
+    await store.apply(WORKER, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]))
+    keys = store.worker_keys(WORKER)
+    target = keys.meta + ":x"
+    slot = key_slot(keys.meta.encode())
+    source, source_id = node_of(redis_cluster, slot)
+    source.sadd(target, 1)
+    ver = source.hget(keys.meta, "ver")
+    port = source.connection_pool.connection_kwargs["port"]
+    other = next(n for n in redis_cluster.nodes if n.port != port).client()
+    other_id = other.execute_command("CLUSTER", "MYID").decode()
+    other.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", other_id)
+    try:
+        call_keys, args = _op([keys.meta, keys.vlog], target, [5], "refuse me")
+        packed, count = pack_transaction(
+            write_script("guard"), keys.meta + ":abort:t", call_keys, args
+        )
+        replies = _in_two_parts(port, packed, count, lambda: None, checked=False)
+        with pytest.raises(redis.exceptions.ResponseError, match="TRYAGAIN"):
+            transaction_reply(replies)
+        assert isinstance(replies[-1], redis.exceptions.ResponseError)  # EXECABORT
+        assert source.smembers(target) == {b"1"}
+        assert source.hget(keys.meta, "ver") == ver
+        # Without the EXISTS, the write to a key still on the source runs unchecked:
+        exists = hiredis.pack_command(("EXISTS", keys.vlog, keys.meta + ":abort:t"))
+        bare = packed.replace(exists, b"", 1)
+        replies = _in_two_parts(port, bare, count - 1, lambda: None, checked=False)
+        with pytest.raises(UnguardedWriteError):
+            transaction_reply(replies)
+        assert source.smembers(target) == {b"1", b"5"}
+    finally:
+        for c in (source, other):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            c.close()
+
+
+async def test_a_cancelled_transaction_does_not_shift_the_replies(make_store: MakeStore) -> None:
+    """Transactions of several workers pipelined on one connection, every other one
+    cancelled once sent: each other call still gets its own worker's replies."""
+    store = await make_store()
+    workers = [WorkerKey(f"pod-c{i}", 0) for i in range(8)]
+    calls = []
+    for w in workers:
+        await store.apply(w, Batch(0, 1.0, [EntriesStored([1, 2], "GPU", 0, "s")]))
+        keys = store.worker_keys(w)
+        ver = (await store._client.hget(keys.meta, "ver") or b"").decode()
+        calls.append((_op([keys.meta, keys.vlog], keys.meta + ":x", list(range(500)), ver), ver))
+    direct = store._direct
+    assert isinstance(direct, DirectScript)
+    for _ in range(5):
+        sent = [asyncio.ensure_future(direct(*call)) for call, _ in calls]
+        await asyncio.sleep(0)
+        for fut in sent[::2]:
+            fut.cancel()
+        for fut, (_, ver) in list(zip(sent, calls, strict=True))[1::2]:
+            assert await fut == [b"applied", ver.encode(), b"", b""]
+    await asyncio.gather(*sent, return_exceptions=True)
+    assert direct._pipe is not None and not direct._pipe.dead
