@@ -12,7 +12,7 @@ hiredis allocates each argument twice and formats each length with `sprintf`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from kvsi.store.redis.layout import as_text
@@ -289,3 +289,21 @@ def transaction_reply(replies: Sequence[object]) -> Sequence[object] | None:
         if isinstance(reply, Exception):
             raise reply
     return guard[:4]
+
+
+def take_replies(
+    gets: Callable[[], object],
+    out: list[object],
+    count: int,
+    none_yet: object,
+    apart: tuple[type, ...],
+) -> object:
+    """Replies from a RESP reader's `gets` into `out` until it holds `count` (then None) or
+    `gets` returns `none_yet` (then that); a reply of a type in `apart` (a push message, a
+    connection error) is returned instead of taken, for the caller to handle."""
+    while len(out) < count:
+        reply = gets()
+        if reply is none_yet or isinstance(reply, apart):
+            return reply
+        out.append(reply)
+    return None

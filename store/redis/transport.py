@@ -41,7 +41,13 @@ from redis.exceptions import (
 )
 
 from kvsi.store.redis.plan import Arg
-from kvsi.store.redis.resp import HEAD, pack_evalsha, pack_transaction, transaction_reply
+from kvsi.store.redis.resp import (
+    HEAD,
+    pack_evalsha,
+    pack_transaction,
+    take_replies,
+    transaction_reply,
+)
 
 C = TypeVar("C", bound=AbstractConnection)
 T = TypeVar("T")
@@ -405,20 +411,17 @@ class _Pipe:
         parser = self.conn._parser
         reader = parser._reader if isinstance(parser, _AsyncHiredisParser) else None
         push = None if reader is None else parser._hiredis_PushNotificationType
+        apart = (ConnectionError,) if push is None else (ConnectionError, push)
         while len(out) < count:
             if reader is not None:
-                while len(out) < count:
-                    reply = reader.gets()
-                    if reply is NOT_ENOUGH_DATA:
-                        break
-                    if isinstance(reply, ConnectionError):
-                        raise reply
-                    if push is not None and isinstance(reply, push):
-                        await parser.handle_push_response(reply)
-                        continue
-                    out.append(reply)
-                else:
+                left = take_replies(reader.gets, out, count, NOT_ENOUGH_DATA, apart)
+                if left is None:
                     break
+                if isinstance(left, ConnectionError):
+                    raise left
+                if left is not NOT_ENOUGH_DATA:
+                    await parser.handle_push_response(left)
+                    continue
             out.append(await self._reply())
         return out
 

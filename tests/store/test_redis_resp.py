@@ -17,6 +17,7 @@ from kvsi.store.redis.resp import (
     UnguardedWriteError,
     pack_evalsha,
     pack_transaction,
+    take_replies,
     transaction_reply,
 )
 from tests.redis_servers import RedisServer
@@ -225,3 +226,19 @@ def test_commands_that_ran_unchecked_raise(replies: list[Any]) -> None:
     """Never read as an outcome, never sent again: what landed was not checked."""
     with pytest.raises(UnguardedWriteError):
         transaction_reply(replies)
+
+
+class Push(list[object]):
+    """A push message, as hiredis gives one (a list of its own type)."""
+
+
+def test_replies_are_taken_until_counted_or_wanting_with_the_odd_one_handed_back() -> None:
+    wanting = object()
+    stream = iter([b"QUEUED", [1, 2], Push([b"invalidate"]), Refused("E"), wanting, b"x"])
+    out: list[object] = [b"OK"]
+    assert isinstance(take_replies(stream.__next__, out, 9, wanting, (Push,)), Push)
+    assert out == [b"OK", b"QUEUED", [1, 2]]
+    assert take_replies(stream.__next__, out, 9, wanting, (Push,)) is wanting
+    assert out[3:] == [out[3]] and isinstance(out[3], Refused)  # an error reply is a reply
+    assert take_replies(stream.__next__, out, 5, wanting, (Push,)) is None
+    assert out[4:] == [b"x"]
