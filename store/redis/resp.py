@@ -261,15 +261,15 @@ class UnguardedWriteError(Exception):
 
 def transaction_reply(replies: Sequence[object]) -> Sequence[object] | None:
     """apply.lua's reply for the replies of a `pack_transaction` call, or None when nothing
-    ran and apply.lua should answer instead (a command Redis would not queue, or a guard
-    that failed where nothing could have run: out of memory, say).
+    ran and apply.lua should answer instead (a command Redis would not queue; a guard that
+    failed: apply.lua runs the same checks, and raises what they raise).
 
-    An error reply of the WATCH is raised (a cluster's MOVED among them: nothing ran), as is
-    the guard's when the abort key stopped the EXEC, and an error among the transaction's
-    commands (the others ran). Commands that ran unchecked raise UnguardedWriteError.
+    An error reply of the WATCH is raised when nothing ran (a cluster's MOVED among them),
+    as is one among the transaction's commands (the others ran). Commands that ran although
+    the WATCH, the guard or the MULTI did not pass raise UnguardedWriteError.
     """
     watch, guard, multi, done = replies[0], replies[1], replies[2], replies[-1]
-    passed = isinstance(guard, list) and len(guard) > 4
+    passed = isinstance(guard, list) and len(guard) > 4 and not isinstance(watch, Exception)
     if isinstance(multi, Exception) or (isinstance(done, list) and not passed):
         raise UnguardedWriteError(
             f"a write's commands ran without its checks passing: WATCH {watch!r}, "
@@ -277,10 +277,8 @@ def transaction_reply(replies: Sequence[object]) -> Sequence[object] | None:
         )
     if isinstance(watch, Exception):
         raise watch
-    if isinstance(done, Exception):
+    if isinstance(done, Exception) or isinstance(guard, Exception):
         return None
-    if isinstance(guard, Exception):
-        raise guard
     assert isinstance(guard, list)
     if done is None:  # refused by the guard, or another write to the worker came first
         return [b"stale", guard[1], b"", b""] if passed else guard

@@ -195,8 +195,19 @@ OK, QUEUED = b"OK", b"QUEUED"
         ([OK, APPLIED, OK, QUEUED, QUEUED, None], [b"stale", b"v1", b"", b""]),
         ([OK, APPLIED, OK, QUEUED, Refused("OOM"), Refused("EXECABORT")], None),
         ([OK, Refused("OOM"), OK, QUEUED, Refused("OOM"), Refused("EXECABORT")], None),
+        ([OK, Refused("WRONGTYPE"), OK, QUEUED, QUEUED, None], None),
+        ([OK, Refused("BUSY"), OK, QUEUED, QUEUED, None], None),
     ],
-    ids=["ran", "refused", "duplicate", "another-write-first", "not-queued", "guard-oom"],
+    ids=[
+        "ran",
+        "refused",
+        "duplicate",
+        "another-write-first",
+        "not-queued",
+        "guard-oom",
+        "guard-raised",
+        "guard-busy-another-write-first",
+    ],
 )
 def test_a_transactions_replies_read_as_apply_luas(replies: list[Any], expected: Any) -> None:
     assert transaction_reply(replies) == expected
@@ -206,8 +217,6 @@ def test_a_transactions_error_replies_raise() -> None:
     moved = Refused("MOVED")
     with pytest.raises(Refused, match="MOVED"):
         transaction_reply([moved, moved, OK, moved, Refused("EXECABORT")])
-    with pytest.raises(Refused, match="WRONGTYPE"):
-        transaction_reply([OK, Refused("WRONGTYPE"), OK, QUEUED, QUEUED, None])
     with pytest.raises(Refused, match="WRONGTYPE"):
         transaction_reply([OK, APPLIED, OK, QUEUED, QUEUED, [1, 1, Refused("WRONGTYPE")]])
 
@@ -219,8 +228,9 @@ def test_a_transactions_error_replies_raise() -> None:
         [Refused("TRYAGAIN"), Refused("TRYAGAIN"), OK, QUEUED, QUEUED, [0, 1]],
         [OK, [b"stale", b"v0", b"", b""], OK, QUEUED, QUEUED, [1, 1]],
         [OK, APPLIED, Refused("MULTI nested"), 1, 1, Refused("EXEC without MULTI")],
+        [Refused("CLUSTERDOWN"), APPLIED, OK, QUEUED, QUEUED, [0, 1]],
     ],
-    ids=["guard-busy", "watch-refused", "refused-yet-ran", "multi-refused"],
+    ids=["guard-busy", "watch-refused", "refused-yet-ran", "multi-refused", "unwatched"],
 )
 def test_commands_that_ran_unchecked_raise(replies: list[Any]) -> None:
     """Never read as an outcome, never sent again: what landed was not checked."""

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
-from kvsi.store.redis.plan import SADD, Arg
+from kvsi.store.redis.plan import DEL, SADD, Arg
 from kvsi.store.redis.reads import write_script
 from kvsi.store.redis.resp import UnguardedWriteError, pack_transaction, transaction_reply
 from kvsi.store.redis.transport import DirectScript
@@ -272,3 +272,26 @@ async def test_a_cancelled_transaction_does_not_shift_the_replies(make_store: Ma
             assert await fut == [b"applied", ver.encode(), b"", b""]
     await asyncio.gather(*sent, return_exceptions=True)
     assert direct._pipe is not None and not direct._pipe.dead
+
+
+async def test_out_of_memory_a_refused_removal_deletes_nothing() -> None:
+    """A worker's removal is DELs alone, which a plain client may run out of memory; the
+    guard's refusal (a stale mirror) cannot set its abort key then, but Redis queues no
+    command of a transaction out of memory, so the EXEC runs nothing."""
+    server = RedisServer()
+    server.start()
+    try:
+        store = RedisStore.from_url(f"{server.url}?prefix=t")
+        try:
+            direct, keys, ver = await _written(store)
+            client = server.client()
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+            call = ([*keys, *keys], ["op", "", "", "not-" + ver, "applied", "", DEL, 2])
+            assert (await direct(*call))[0] == b"stale"
+            client.config_set("maxmemory", "0")
+            assert client.exists(*keys) == 2
+        finally:
+            await store.close()
+    finally:
+        server.stop()
