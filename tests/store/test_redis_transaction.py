@@ -7,8 +7,9 @@ transport."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import hiredis
@@ -163,34 +164,40 @@ async def test_a_write_right_after_a_refusal_runs(make_store: MakeStore, raw: re
         assert ran[0] == b"applied", i
 
 
+@contextlib.asynccontextmanager
+async def _out_of_memory() -> AsyncIterator[tuple[DirectScript, list[str], str, redis.Redis]]:
+    """`_written` on a private server, which then has no memory left (maxmemory 1,
+    noeviction); and a client on it."""
+    server = RedisServer()
+    server.start()
+    store = RedisStore.from_url(f"{server.url}?prefix=t")
+    try:
+        direct, keys, ver = await _written(store)
+        client = server.client()
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        yield direct, keys, ver, client
+    finally:
+        await store.close()
+        server.stop()
+
+
 async def test_a_command_redis_will_not_queue_sends_the_call_as_apply_lua() -> None:
     """Out of memory: the guard passes, the SADD is not queued, the EXEC runs nothing; the
     call goes again as apply.lua, whose own write is refused, and that error comes back."""
-    server = RedisServer()
-    server.start()
-    try:
-        store = RedisStore.from_url(f"{server.url}?prefix=t")
-        try:
-            direct, keys, ver = await _written(store)
-            client = server.client()
-            client.config_set("maxmemory-policy", "noeviction")
-            client.config_set("maxmemory", "1")
-            target = keys[0] + ":x"
-            with pytest.raises(redis.exceptions.ResponseError, match="> 'maxmemory'"):
-                await direct(*_op(keys, target, [5], ver))
-            client.config_set("maxmemory", "0")
-            assert not client.exists(target)
-            stats = client.info("commandstats")
-            assert stats["cmdstat_sadd"]["rejected_calls"] >= 1  # not queued
-            exec_ = stats["cmdstat_exec"]
-            assert exec_["rejected_calls"] + exec_["failed_calls"] >= 1  # EXECABORT
-            assert stats["cmdstat_evalsha"]["failed_calls"] >= 1  # apply.lua's refused write
-            assert (await direct(*_op(keys, target, [5], ver)))[0] == b"applied"
-            assert client.smembers(target) == {b"5"}
-        finally:
-            await store.close()
-    finally:
-        server.stop()
+    async with _out_of_memory() as (direct, keys, ver, client):
+        target = keys[0] + ":x"
+        with pytest.raises(redis.exceptions.ResponseError, match="> 'maxmemory'"):
+            await direct(*_op(keys, target, [5], ver))
+        client.config_set("maxmemory", "0")
+        assert not client.exists(target)
+        stats = client.info("commandstats")
+        assert stats["cmdstat_sadd"]["rejected_calls"] >= 1  # not queued
+        exec_ = stats["cmdstat_exec"]
+        assert exec_["rejected_calls"] + exec_["failed_calls"] >= 1  # EXECABORT
+        assert stats["cmdstat_evalsha"]["failed_calls"] >= 1  # apply.lua's refused write
+        assert (await direct(*_op(keys, target, [5], ver)))[0] == b"applied"
+        assert client.smembers(target) == {b"5"}
 
 
 async def test_a_flushed_script_cache_leaves_every_write_guarded(
@@ -278,20 +285,8 @@ async def test_out_of_memory_a_refused_removal_deletes_nothing() -> None:
     """A worker's removal is DELs alone, which a plain client may run out of memory; the
     guard's refusal (a stale mirror) cannot set its abort key then, but Redis queues no
     command of a transaction out of memory, so the EXEC runs nothing."""
-    server = RedisServer()
-    server.start()
-    try:
-        store = RedisStore.from_url(f"{server.url}?prefix=t")
-        try:
-            direct, keys, ver = await _written(store)
-            client = server.client()
-            client.config_set("maxmemory-policy", "noeviction")
-            client.config_set("maxmemory", "1")
-            call = ([*keys, *keys], ["op", "", "", "not-" + ver, "applied", "", DEL, 2])
-            assert (await direct(*call))[0] == b"stale"
-            client.config_set("maxmemory", "0")
-            assert client.exists(*keys) == 2
-        finally:
-            await store.close()
-    finally:
-        server.stop()
+    async with _out_of_memory() as (direct, keys, ver, client):
+        call = ([*keys, *keys], ["op", "", "", "not-" + ver, "applied", "", DEL, 2])
+        assert (await direct(*call))[0] == b"stale"
+        client.config_set("maxmemory", "0")
+        assert client.exists(*keys) == 2
