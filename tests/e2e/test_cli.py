@@ -54,7 +54,10 @@ def test_demo_serves_live_pods_and_sessions_then_stops_on_ctrl_c() -> None:
         while time.monotonic() < deadline:
             try:
                 pods = get(f"{base}/v1/pods")["pods"]  # type: ignore[index]
-                if len(pods) == 3 and all(int(p["blocks"]) > 0 for p in pods):  # type: ignore[call-overload]
+                if len(pods) == 3 and all(
+                    p["state"] == "live" and int(p["blocks"]) > 0  # type: ignore[call-overload]
+                    for p in pods
+                ):
                     break
             except OSError:
                 pass
