@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
-from kvsi.store.redis import RedisStore
+from kvsi.store.redis import RedisStore, transport
 from kvsi.store.redis.plan import DEL, SADD, Arg
 from kvsi.store.redis.reads import write_script
 from kvsi.store.redis.resp import UnguardedWriteError, pack_transaction, transaction_reply
@@ -149,19 +150,40 @@ async def test_a_status_between_the_guard_and_exec_does_not_abort_it(
     assert raw.smembers(target) == {b"5"}
 
 
-async def test_a_write_right_after_a_refusal_runs(make_store: MakeStore, raw: redis.Redis) -> None:
-    """Each call watches an abort key of its own: the one a refusal set a moment before
-    (expiring during the next call's WATCH) aborts nothing."""
+async def test_a_refusals_key_aborts_a_later_transaction_that_watches_it(
+    redis_server: RedisServer, raw: redis.Redis, make_store: MakeStore
+) -> None:
+    """Why each call has an abort key of its own: a refusal's key, still set when a later
+    call watches it and expiring before that call's EXEC, aborts the later call (here the
+    key lives 50 ms, not guard.lua's 1, so that it is surely set at the WATCH)."""
+    store = await make_store()
+    _, keys, ver = await _written(store)
+    target = keys[0] + ":x"
+    shared = keys[0] + ":abort:shared"
+    write, count = pack_transaction(write_script("guard"), shared, *_op(keys, target, [6], ver))
+    raw.set(shared, "1", px=50)
+    replies = _in_two_parts(redis_server.port, write, count, lambda: time.sleep(0.1))
+    assert replies[-1] is None
+    assert not raw.exists(target)
+
+
+async def test_each_call_watches_an_abort_key_of_its_own(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = await make_store()
     direct, keys, ver = await _written(store)
-    target = keys[0] + ":x"
-    members: list[Arg] = list(range(3000))
-    for i in range(100):
-        refused, ran = await asyncio.gather(
-            direct(*_op(keys, target, [5], "old")), direct(*_op(keys, target, members, ver))
-        )
-        assert refused[0] == b"stale"
-        assert ran[0] == b"applied", i
+    used: list[str] = []
+
+    def recorded(guard: str, abort: str, *call: Any) -> tuple[bytes, int]:
+        used.append(abort)
+        return pack_transaction(guard, abort, *call)
+
+    monkeypatch.setattr(transport, "pack_transaction", recorded)
+    for members in ([5], [6]):
+        await direct(*_op(keys, keys[0] + ":x", members, "old"))
+        await direct(*_op(keys, keys[0] + ":x", members, ver))
+    assert len(set(used)) == 4
+    assert {key_slot(k.encode()) for k in used} == {key_slot(keys[0].encode())}
 
 
 @contextlib.asynccontextmanager
