@@ -235,18 +235,18 @@ goes again through redis-py, which loads the script or follows the cluster."""
 
 class ClusterDirectScript:
     """apply.lua calls on a Redis Cluster, sent straight to the node that serves its first
-        key's slot, as `DirectScript` sends them (a write as a guarded transaction, a call
-        without ops as EVALSHA of `script`) and auto-pipelined per node (one `_Pipe` each),
-        instead of redis-py's cluster command layer and one socket write per call.
+    key's slot, as `DirectScript` sends them (a write as a guarded transaction, a call
+    without ops as EVALSHA of `script`) and auto-pipelined per node (one `_Pipe` each),
+    instead of redis-py's cluster command layer and one socket write per call.
 
-        Every key of one call is one worker's (one hash slot). What the direct path does not
-        handle goes through redis-py's AsyncScript, which follows the cluster: a client whose
-        slot map is not loaded yet, a slot no node covers, a reply saying the script did not run
-        there (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT: safe to send again; a transaction
+    Every key of one call is one worker's (one hash slot). What the direct path does not
+    handle goes through redis-py's AsyncScript, which follows the cluster: a client whose
+    slot map is not loaded yet, a slot no node covers, a reply saying the script did not run
+    there (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT: safe to send again; a transaction
     whose EXEC ran nothing, as a MOVED while queuing makes it), and the first
-        call to a node after its connection failed (redis-py then refreshes the slot map, so a
-        failover is followed). A connection error or timeout fails the calls in flight on that
-        node, as `DirectScript`'s do (whether they landed is unknown).
+    call to a node after its connection failed (redis-py then refreshes the slot map, so a
+    failover is followed). A connection error or timeout fails the calls in flight on that
+    node, as `DirectScript`'s do (whether they landed is unknown).
     """
 
     def __init__(self, client: RedisCluster, script: AsyncScript, guard: str) -> None:
