@@ -162,30 +162,26 @@ class DirectScript:
     options: the calls queued while the event loop runs the other tasks go out in one
     write, and one reader task hands the replies back in order: a fraction of the client
     CPU per call of a connection per call (each call one `send` and one `recv`, slow
-    syscalls on a VM; bench/README.md). Each call is still one EVALSHA, atomic
-    on its own; pipelining only batches the bytes.
+    syscalls on a VM; bench/README.md). Each call is still one transaction (or EVALSHA),
+    atomic on its own; pipelining only batches the bytes.
 
     Errors: an error reply fails its own call only. A connection error or timeout (the
     connection's `socket_timeout`, per reply) fails every call in flight on that
     connection, which is then dropped: whether those writes landed is unknown, so their
     writers drop their mirrors. A cancelled call's reply is still read (and discarded), so
-    replies never shift. A cluster keeps AsyncScript: it needs redis-py's slot routing and
-    redirections.
+    replies never shift. A cluster's calls go by `ClusterDirectScript`.
     """
 
     def __init__(self, client: Redis, script: AsyncScript, guard: str) -> None:
         self._client = client
         self._script = script
-        self._guard = guard
-        self._abort_key = AbortKeys()
+        self._transaction = Transaction(guard)
         self._pipe: _Pipe | None = None
         self._connecting: asyncio.Lock | None = None
 
     async def __call__(self, keys: list[str], args: list[Arg]) -> Any:
         if len(args) > HEAD:
-            pipe = await self._connected()
-            packed, count = pack_transaction(self._guard, self._abort_key(keys), keys, args)
-            reply = transaction_reply(await pipe.call(packed, count))
+            reply = await self._transaction(await self._connected(), keys, args)
             if reply is not None:
                 return reply
         try:
@@ -252,8 +248,7 @@ class ClusterDirectScript:
     def __init__(self, client: RedisCluster, script: AsyncScript, guard: str) -> None:
         self._client = client
         self._script = script
-        self._guard = guard
-        self._abort_key = AbortKeys()
+        self._transaction = Transaction(guard)
         self._pipes: dict[str, _Pipe] = {}
         self._failed: set[str] = set()
         """Nodes whose connection failed: their next call goes through redis-py."""
@@ -277,8 +272,7 @@ class ClusterDirectScript:
                 pipe = await self._connect(node)
             if len(args) <= HEAD:
                 return await pipe.call(pack_evalsha(self._script.sha, keys, args))
-            packed, count = pack_transaction(self._guard, self._abort_key(keys), keys, args)
-            reply = transaction_reply(await pipe.call(packed, count))
+            reply = await self._transaction(pipe, keys, args)
             if reply is not None:
                 return reply
             return await self._script(keys=keys, args=args)
@@ -310,6 +304,23 @@ class ClusterDirectScript:
         pipes, self._pipes = list(self._pipes.values()), {}
         for pipe in pipes:
             await pipe.close()
+
+
+class Transaction:
+    """One write as a guarded transaction on a pipe (`resp.pack_transaction`): its reply, or
+    None when the EXEC ran nothing because a command could not be queued or the guard
+    failed (`resp.transaction_reply`), for the caller to send the call again as apply.lua
+    its own way."""
+
+    __slots__ = ("_abort_key", "_guard")
+
+    def __init__(self, guard: str) -> None:
+        self._guard = guard
+        self._abort_key = AbortKeys()
+
+    async def __call__(self, pipe: _Pipe, keys: list[str], args: list[Arg]) -> Any | None:
+        packed, count = pack_transaction(self._guard, self._abort_key(keys), keys, args)
+        return transaction_reply(await pipe.call(packed, count))
 
 
 class AbortKeys:
