@@ -47,54 +47,54 @@ class Measured:
     """Bytes per change-feed record (of 64 residencies); a worker keeps `FEED_LENGTH`.
     redis_memory_shape.py."""
 
-    redis_us_per_call: float = 105.2
+    redis_us_per_call: float = 145.5
     """µs of Redis CPU per apply call beyond its block-events (the fence, the version log,
     the change feed's record, each touched session's residency): the line's intercept over
     batches of 8 to 256 changing block-events, one apply each, back to back, round robin
     over 10 workers of 100,000 entries on a 3-master cluster. redis_apply_cost.py, "Session
-    21" (the median of three runs)."""
+    25" (the median of three runs)."""
 
-    redis_us_per_changing_event: float = 2.57
+    redis_us_per_changing_event: float = 2.44
     """µs of Redis CPU per block-event that changes the index (a new (session, block)
-    entry, an evicted block): the same line's slope. redis_apply_cost.py, "Session 21"."""
+    entry, an evicted block): the same line's slope. redis_apply_cost.py, "Session 25"."""
 
-    redis_us_per_reannounced_event: float = 0.28
+    redis_us_per_reannounced_event: float = 0.49
     """µs of Redis CPU per block-event re-announcing an entry the session already holds (a
     reuse report): the slope over re-announcing batches. redis_apply_cost.py, "Session
-    21"."""
+    25"."""
 
-    ingest_us_per_call: float = 142.2
+    ingest_us_per_call: float = 223.4
     """µs of the ingest process's CPU per apply call (decode, plan, I/O), the same fit as
-    `redis_us_per_call`. redis_apply_cost.py, "Session 21"."""
+    `redis_us_per_call`. redis_apply_cost.py, "Session 25"."""
 
-    ingest_us_per_changing_event: float = 2.18
-    """µs of ingest CPU per changing block-event. redis_apply_cost.py, "Session 21"."""
+    ingest_us_per_changing_event: float = 3.06
+    """µs of ingest CPU per changing block-event. redis_apply_cost.py, "Session 25"."""
 
-    ingest_us_per_reannounced_event: float = 0.87
-    """µs of ingest CPU per re-announced block-event. redis_apply_cost.py, "Session 21"."""
+    ingest_us_per_reannounced_event: float = 1.31
+    """µs of ingest CPU per re-announced block-event. redis_apply_cost.py, "Session 25"."""
 
     redis_light_load: LoadCurve = (
-        (11.0, 1.77),
-        (29.0, 1.93),
-        (85.0, 1.57),
-        (188.0, 1.30),
-        (603.0, 1.0),
+        (10.0, 1.48),
+        (29.0, 1.38),
+        (79.0, 1.21),
+        (172.0, 1.03),
+        (430.0, 1.0),
     )
     """A Redis shard's CPU per apply at so many applies per second, over the same applies
     back to back (the figures above): a shard that rests between calls pays more for each
-    (its caches gone cold, a wake-up per call). redis_apply_cost.py, "Session 21", 8-store
+    (its caches gone cold, a wake-up per call). redis_apply_cost.py, "Session 25", 8-store
     batches paced (each point the median of three runs)."""
 
     ingest_light_load: LoadCurve = (
-        (32.0, 3.35),
-        (88.0, 2.58),
-        (256.0, 1.51),
-        (565.0, 1.28),
-        (1_810.0, 1.0),
+        (31.0, 2.67),
+        (86.0, 2.37),
+        (236.0, 1.67),
+        (516.0, 1.23),
+        (1_289.0, 1.0),
     )
     """The same for an ingest process at so many applies per second (a sidecar's are its
     worker's batches; a central process's, its share of the fleet's). redis_apply_cost.py,
-    "Session 21"."""
+    "Session 25"."""
 
     redis_us_per_stream_second: float = 24.0
     """µs of Redis CPU per second per followed worker, batches or none: its stream's index

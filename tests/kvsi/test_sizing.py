@@ -215,7 +215,7 @@ def test_the_batch_flags_reach_the_plan() -> None:
     assert result.returncode == 0, result.stderr
     fleet = describe(1_000, 100_000_000, 1_000_000, None, 1e6, 1e4, 100.0, 0.9)
     assert "batches: 100.0 block-events each, 90% of them re-announced" in result.stdout
-    assert "a Redis Cluster of 7 masters" in result.stdout  # deploy/SIZING.md's figure
+    assert "a Redis Cluster of 9 masters" in result.stdout  # deploy/SIZING.md's figure
     assert result.stdout == render(plan(fleet)) + "\n"
     assert plan(fleet).redis_cores < plan(describe(1_000, 100_000_000, 1_000_000)).redis_cores
 
