@@ -369,6 +369,10 @@ class RedisReader:
         self._legacy: tuple[WorkerKey, ...] = ()
         self._legacy_version = -1
         """The registered workers not in `_block_marked`, at the registry's version then."""
+        self._models: dict[WorkerKey, str | None] = {}
+        self._models_at = -math.inf
+        self._models_version = -1
+        """Each registered worker's model, when read, and the registry's version then."""
         self._states: dict[WorkerKey, WorkerState] = {}
         self._states_at = -math.inf
         self._states_version = -1
@@ -379,9 +383,13 @@ class RedisReader:
         and when that read began."""
         self._registry_refresh = SharedCall(self._read_registry)
         self._states_refresh = SharedCall(self._refresh_states)
+        self._marks_refresh = SharedCall(self._read_block_marks)
+        self._models_refresh = SharedCall(self._read_models)
         """One read of each cache at a time: when it goes stale under load, the requests in
         flight would each have read all of it again (a pipeline of 200 commands per request
-        over 100 workers, a stall of tens of ms), they now wait for the one read."""
+        over 100 workers, a stall of tens of ms; a new API process's first prefix matches
+        each asked all 1,000 workers of a fleet for their marks, a stall of 300 ms), they
+        now wait for the one read."""
         self._hub = FeedHub()
         self._pump: FeedPump | None = None
         self._pump_lock = asyncio.Lock()
@@ -801,10 +809,24 @@ class RedisReader:
         return views
 
     async def worker_models(self) -> dict[WorkerKey, str | None]:
-        """HGET of each registered worker's model, pipelined (one round trip per node; not
-        cached: only routes restricted to a model ask). O(workers)."""
-        found = await self._meta_field(await self._known(), "model")
-        return {w: _text(model) for w, model in found.items()}
+        """Each registered worker's model, from a cache at most `registry_ttl` old, as the
+        states are (read again at once after a registry change): a route restricted to a
+        model then costs no read of every worker. O(workers) per refresh: HGET of each
+        worker's model, pipelined (one round trip per node)."""
+        registry = await self._known_workers()
+        stale = time.monotonic() - self._models_at >= self._registry_ttl
+        if stale or self._models_version != registry.version:
+            await (self._models_refresh() if self._registry_ttl > 0 else self._read_models())
+        return self._models
+
+    async def _read_models(self) -> None:
+        started = time.monotonic()
+        registry = await self._known_workers()
+        version = registry.version
+        found = await self._meta_field(registry.ordered(), "model")
+        self._models = {w: _text(model) for w, model in found.items()}
+        self._models_at = started
+        self._models_version = version
 
     async def _meta_field(
         self, workers: Sequence[WorkerKey], name: str
@@ -1024,15 +1046,19 @@ class RedisReader:
         if registry.version != self._legacy_version:
             self._legacy = tuple(w for w in registry.ordered() if w not in self._block_marked)
             self._legacy_version = registry.version
+        if self._legacy and time.monotonic() - self._legacy_at >= self._registry_ttl:
+            await (self._marks_refresh() if self._registry_ttl > 0 else self._read_block_marks())
+        return self._legacy
+
+    async def _read_block_marks(self) -> None:
+        """Ask the unmarked workers for their marks again; remember the marked ones."""
+        started = time.monotonic()
         unknown = self._legacy
-        now = time.monotonic()
-        if unknown and now - self._legacy_at >= self._registry_ttl:
-            metas = [self.worker_keys(w).meta for w in unknown]
-            marks = await self._batch([(m, ("HGET", m, BLOCK_DIRECTORY_MARK), {}) for m in metas])
-            self._block_marked.update(w for w, mark in zip(unknown, marks, strict=True) if mark)
-            self._legacy_at = now
-            self._legacy = unknown = tuple(w for w in unknown if w not in self._block_marked)
-        return unknown
+        metas = [self.worker_keys(w).meta for w in unknown]
+        marks = await self._batch([(m, ("HGET", m, BLOCK_DIRECTORY_MARK), {}) for m in metas])
+        self._block_marked.update(w for w, mark in zip(unknown, marks, strict=True) if mark)
+        self._legacy_at = started
+        self._legacy = tuple(w for w in self._legacy if w not in self._block_marked)
 
     async def _scripted(
         self, script: Any, calls: Sequence[tuple[list[str], list[Arg]]]
