@@ -90,12 +90,13 @@ _LOSSES: tuple[tuple[str, str], ...] = (
 class IndexSizes(Collector):
     """The index's size as the store last reported it: workers, and per worker its sessions
     and entries, and what eviction took from its sessions. Refreshed periodically
-    (`kvsi.serve`), not per scrape: a scrape must not wait on the store."""
+    (`kvsi.serve`), not per scrape: a scrape must not wait on the store. The families are
+    built once per refresh, so a scrape at fleet size (thousands of per-worker samples)
+    only renders them; they are never changed once built (`api.routes.metrics` renders
+    them in a thread)."""
 
     def __init__(self) -> None:
-        self._workers: list[tuple[str, int, int]] = []
-        self._losses: list[tuple[str, int, int, int]] = []
-        self._known = False
+        self._families: tuple[Metric, ...] = ()
 
     def update(
         self,
@@ -104,32 +105,33 @@ class IndexSizes(Collector):
     ) -> None:
         """Replace the snapshot with (worker, sessions, entries) per worker, and (worker,
         sessions hurt, lost blocks, re-prefill tokens) per worker."""
-        self._workers = sorted(workers)
-        self._losses = sorted(losses)
-        self._known = True
+        self._families = _index_families(sorted(workers), sorted(losses))
 
     def collect(self) -> Iterator[Metric]:
-        if not self._known:
-            return
-        count = GaugeMetricFamily("kvsi_index_workers", "Workers in the index.")
-        count.add_metric([], len(self._workers))
-        sessions = GaugeMetricFamily(
-            "kvsi_index_sessions",
-            "Sessions with blocks on the worker (a session on two workers counts on each).",
-            labels=["worker"],
-        )
-        entries = GaugeMetricFamily(
-            "kvsi_index_entries", "Entries (cached blocks) of the worker.", labels=["worker"]
-        )
-        for worker, n_sessions, n_entries in self._workers:
-            sessions.add_metric([worker], n_sessions)
-            entries.add_metric([worker], n_entries)
-        yield from (count, sessions, entries)
-        families = [GaugeMetricFamily(name, text, labels=["worker"]) for name, text in _LOSSES]
-        for worker, *values in self._losses:
-            for family, value in zip(families, values, strict=True):
-                family.add_metric([worker], value)
-        yield from families
+        yield from self._families
+
+
+def _index_families(
+    workers: list[tuple[str, int, int]], losses: list[tuple[str, int, int, int]]
+) -> tuple[Metric, ...]:
+    count = GaugeMetricFamily("kvsi_index_workers", "Workers in the index.")
+    count.add_metric([], len(workers))
+    sessions = GaugeMetricFamily(
+        "kvsi_index_sessions",
+        "Sessions with blocks on the worker (a session on two workers counts on each).",
+        labels=["worker"],
+    )
+    entries = GaugeMetricFamily(
+        "kvsi_index_entries", "Entries (cached blocks) of the worker.", labels=["worker"]
+    )
+    for worker, n_sessions, n_entries in workers:
+        sessions.add_metric([worker], n_sessions)
+        entries.add_metric([worker], n_entries)
+    families = [GaugeMetricFamily(name, text, labels=["worker"]) for name, text in _LOSSES]
+    for worker, *values in losses:
+        for family, value in zip(families, values, strict=True):
+            family.add_metric([worker], value)
+    return (count, sessions, entries, *families)
 
 
 INDEX = IndexSizes()

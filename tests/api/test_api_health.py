@@ -67,7 +67,9 @@ async def test_a_hung_check_is_not_ready_after_the_timeout() -> None:
 
 
 async def test_metrics_are_served_in_prometheus_format() -> None:
-    import kvsi.metrics  # noqa: F401  (registers the service's metrics)
+    # Registers the service's metrics, and ingest's (kvsi_apply_seconds among them).
+    import kvsi.metrics
+    import kvsi.subscriber.metrics  # noqa: F401
 
     async with client_for(create_app(MemoryStore())) as client:
         response = await client.get("/metrics")
