@@ -32,9 +32,9 @@ async def metrics() -> Response:
     """Counters, gauges and histograms in the Prometheus text format.
 
     Collected on the event loop (collectors read the streams' and the server's state, which
-    the loop changes), rendered in a thread: at 1,000 workers the text is thousands of
-    per-worker samples, whose rendering held the loop, and every request waiting on it,
-    for tens of ms per scrape (bench/README.md, fleet_latency.py, session 25).
+    the loop changes), rendered in a thread: at fleet size the text is thousands of
+    per-worker samples, whose rendering held the loop, and every request waiting on it
+    (bench/README.md, fleet_latency.py, session 25).
     """
     collected = Collected(list(REGISTRY.collect()))
     text = await asyncio.to_thread(generate_latest, collected)

@@ -388,8 +388,8 @@ class RedisReader:
         """One read of each cache at a time: when it goes stale under load, the requests in
         flight would each have read all of it again (a pipeline of 200 commands per request
         over 100 workers, a stall of tens of ms; a new API process's first prefix matches
-        each asked all 1,000 workers of a fleet for their marks, a stall of 300 ms), they
-        now wait for the one read."""
+        each asked every worker for its mark: bench/README.md, fleet_latency.py), they now
+        wait for the one read."""
         self._hub = FeedHub()
         self._pump: FeedPump | None = None
         self._pump_lock = asyncio.Lock()
