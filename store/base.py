@@ -274,9 +274,11 @@ class IndexReader(Protocol):
         """
         ...
 
-    async def worker_models(self) -> dict[WorkerKey, str | None]:
+    async def worker_models(self) -> Mapping[WorkerKey, str | None]:
         """Every known worker's model (as its last status named it; None: unknown), in no
-        particular order: what a route restricted to one model needs. Cost: O(workers)."""
+        particular order: what a route restricted to one model needs. Cost: O(workers); on
+        Redis from a cache as old as `registry_ttl` at most (another process's status shows
+        that late)."""
         ...
 
     async def instances(self) -> list[DynamoInstance]:

@@ -545,7 +545,7 @@ class MemoryStore:
         w = self._workers.get(key)
         return w is not None and w.index.holds(h)
 
-    async def worker_models(self) -> dict[WorkerKey, str | None]:
+    async def worker_models(self) -> Mapping[WorkerKey, str | None]:
         return {key: w.status.model for key, w in self._workers.items()}
 
     async def register_instance(self, instance: DynamoInstance) -> DynamoInstance | None:

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
 from importlib import resources
+from types import MappingProxyType
 from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis, RedisCluster
@@ -369,7 +370,7 @@ class RedisReader:
         self._legacy: tuple[WorkerKey, ...] = ()
         self._legacy_version = -1
         """The registered workers not in `_block_marked`, at the registry's version then."""
-        self._models: dict[WorkerKey, str | None] = {}
+        self._models: Mapping[WorkerKey, str | None] = MappingProxyType({})
         self._models_at = -math.inf
         self._models_version = -1
         """Each registered worker's model, when read, and the registry's version then."""
@@ -386,10 +387,9 @@ class RedisReader:
         self._marks_refresh = SharedCall(self._read_block_marks)
         self._models_refresh = SharedCall(self._read_models)
         """One read of each cache at a time: when it goes stale under load, the requests in
-        flight would each have read all of it again (a pipeline of 200 commands per request
-        over 100 workers, a stall of tens of ms; a new API process's first prefix matches
-        each asked every worker for its mark: bench/README.md, fleet_latency.py), they now
-        wait for the one read."""
+        flight would each have read all of it again (every worker's commands per request;
+        a new API process's first prefix matches each asked every worker for its mark:
+        bench/README.md, fleet_latency.py), they now wait for the one read."""
         self._hub = FeedHub()
         self._pump: FeedPump | None = None
         self._pump_lock = asyncio.Lock()
@@ -808,25 +808,32 @@ class RedisReader:
         self._keep_states({WorkerKey(v.pod, v.dp_rank): v.status.state for v in views})
         return views
 
-    async def worker_models(self) -> dict[WorkerKey, str | None]:
+    async def worker_models(self) -> Mapping[WorkerKey, str | None]:
         """Each registered worker's model, from a cache at most `registry_ttl` old, as the
-        states are (read again at once after a registry change): a route restricted to a
-        model then costs no read of every worker. O(workers) per refresh: HGET of each
-        worker's model, pipelined (one round trip per node)."""
+        states are (read again at once after a registry change, or a model this process
+        wrote): a route restricted to a model then costs no read of every worker. O(workers)
+        per refresh: HGET of each worker's model, pipelined (one round trip per node)."""
         registry = await self._known_workers()
         stale = time.monotonic() - self._models_at >= self._registry_ttl
         if stale or self._models_version != registry.version:
             await (self._models_refresh() if self._registry_ttl > 0 else self._read_models())
+            if self._models_version != registry.version:
+                await self._read_models()  # the shared read began before a worker appeared
         return self._models
 
     async def _read_models(self) -> None:
         started = time.monotonic()
-        registry = await self._known_workers()
-        version = registry.version
-        found = await self._meta_field(registry.ordered(), "model")
-        self._models = {w: _text(model) for w, model in found.items()}
+        assert self._registry is not None  # read by the caller
+        version = self._registry.version
+        found = await self._meta_field(self._registry.ordered(), "model")
+        self._models = MappingProxyType({w: _text(model) for w, model in found.items()})
         self._models_at = started
         self._models_version = version
+
+    def _model_written(self, worker: WorkerKey, model: str | None) -> None:
+        """This process wrote the worker's model: the cache reads it again if it differs."""
+        if self._models.get(worker, model) != model:
+            self._models_at = -math.inf
 
     async def _meta_field(
         self, workers: Sequence[WorkerKey], name: str

@@ -628,6 +628,7 @@ class RedisStore(RedisReader, RedisInstances):
             self._registry.add(worker)
         if changed == -1:
             return False
+        self._model_written(worker, status.model)
         if changed:  # after the status: a reader that sees the count reads the new state
             self._feed_written(worker)
             await self._client.incr(self._states_key)

@@ -1,29 +1,42 @@
 """Reads of every worker that an API process caches for `registry_ttl`: the block-directory
 marks a prefix match needs and the models a route restricted to a model needs. Each is read
-by one request at a time: the requests in flight when it is due wait for that read (at 1,000
-workers, a new API process's first prefix matches each asked every worker for its mark, and
-every route with a model read every worker's model)."""
+by one request at a time: the requests in flight when it is due wait for that read (a new API
+process's first prefix matches each asked every worker for its mark, and every route with a
+model read every worker's model). The caches are made due by hand, not by waiting: a loaded
+machine must not make one refresh two."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Sequence
 
+import pytest
 import redis
 
 from kvsi.store.directory import BLOCK_DIRECTORY_MARK
 from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys
 from tests.store.commandstats import calls
 from tests.store.conftest import MakeStore
 
 WORKERS = [WorkerKey(f"pod-{i}", 0) for i in range(20)]
 CONCURRENT = 8
-TTL = 0.05
+TTL = "3600"
 
 
 def status(model: str) -> WorkerStatus:
     return WorkerStatus(state=WorkerState.LIVE, since=time.time(), model=model)
+
+
+def expire_marks(reader: RedisStore) -> None:
+    reader._legacy_at = -math.inf  # `registry_ttl` has passed
+
+
+def expire_models(reader: RedisStore) -> None:
+    reader._models_at = -math.inf
 
 
 async def test_a_new_readers_concurrent_prefix_matches_ask_each_worker_for_its_mark_once(
@@ -33,7 +46,7 @@ async def test_a_new_readers_concurrent_prefix_matches_ask_each_worker_for_its_m
     for i, worker in enumerate(WORKERS):
         await writer.apply(worker, Batch(0, 10.0, [EntriesStored([i + 1], "GPU", 0, f"s{i}")]))
     assert {raw.hget(WorkerKeys(prefix, w).meta, BLOCK_DIRECTORY_MARK) for w in WORKERS} == {b"1"}
-    reader = await make_store(registry_ttl="10")
+    reader = await make_store(registry_ttl=TTL)
     hgets = calls(raw, "hget")
 
     found = await asyncio.gather(*(reader.match_prefix([i + 1], None) for i in range(CONCURRENT)))
@@ -50,13 +63,13 @@ async def test_a_worker_without_its_mark_is_asked_again_once_per_refresh(
     writer = await make_store()
     await writer.apply(WORKERS[0], Batch(0, 10.0, [EntriesStored([1], "GPU", 0, "s")]))
     raw.hdel(WorkerKeys(prefix, WORKERS[0]).meta, BLOCK_DIRECTORY_MARK)
-    reader = await make_store(registry_ttl=str(TTL))
+    reader = await make_store(registry_ttl=TTL)
     hgets = calls(raw, "hget")
 
     for _ in range(3):
         await asyncio.gather(*(reader.match_prefix([1], None) for _ in range(CONCURRENT)))
     assert calls(raw, "hget") - hgets == 1, "within one refresh: asked once"
-    await asyncio.sleep(TTL * 2)
+    expire_marks(reader)
     assert (await reader.match_prefix([1], None))[WORKERS[0]] == [("GPU",)]
     assert calls(raw, "hget") - hgets == 2, "after it: asked again"
 
@@ -67,7 +80,7 @@ async def test_routes_restricted_to_a_model_read_the_models_once_per_refresh(
     writer = await make_store()
     for worker in WORKERS:
         await writer.set_status(worker, status("m1"))
-    reader = await make_store(registry_ttl=str(TTL))
+    reader = await make_store(registry_ttl=TTL)
     hgets = calls(raw, "hget")
 
     for _ in range(3):
@@ -76,17 +89,55 @@ async def test_routes_restricted_to_a_model_read_the_models_once_per_refresh(
     assert calls(raw, "hget") - hgets == len(WORKERS), "one read of every worker's model"
 
     await writer.set_status(WORKERS[0], status("m2"))
-    await asyncio.sleep(TTL * 2)
+    assert (await reader.worker_models())[WORKERS[0]] == "m1", "another process's: not yet"
+    expire_models(reader)
     assert (await reader.worker_models())[WORKERS[0]] == "m2", "read again after the ttl"
 
 
 async def test_a_worker_this_process_registers_has_its_model_read_at_once(
     make_store: MakeStore,
 ) -> None:
-    store = await make_store(registry_ttl="10")  # writer and reader: an ingest + API process
+    store = await make_store(registry_ttl=TTL)  # writer and reader: an ingest + API process
     await store.set_status(WORKERS[0], status("m1"))
     assert await store.worker_models() == {WORKERS[0]: "m1"}
 
     await store.set_status(WORKERS[1], status("m2"))
-
     assert await store.worker_models() == {WORKERS[0]: "m1", WORKERS[1]: "m2"}
+
+    await store.set_status(WORKERS[0], status("m3"))  # restarted on another model
+    assert await store.worker_models() == {WORKERS[0]: "m3", WORKERS[1]: "m2"}
+
+
+async def test_a_worker_registered_during_a_shared_read_is_read_before_the_answer(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await make_store(registry_ttl=TTL)
+    await store.set_status(WORKERS[0], status("m1"))
+    assert await store.worker_models() == {WORKERS[0]: "m1"}
+    gate = asyncio.Event()
+    read = store._meta_field
+
+    async def held(workers: Sequence[WorkerKey], name: str) -> dict[WorkerKey, bytes | None]:
+        await gate.wait()
+        return await read(workers, name)
+
+    monkeypatch.setattr(store, "_meta_field", held)
+    expire_models(store)
+    first = asyncio.ensure_future(store.worker_models())  # its read of W0 held in flight
+    await asyncio.sleep(0)
+    await store.set_status(WORKERS[1], status("m2"))
+    second = asyncio.ensure_future(store.worker_models())  # joins that read
+    await asyncio.sleep(0)
+    gate.set()
+
+    both = {WORKERS[0]: "m1", WORKERS[1]: "m2"}
+    assert await first == both, "the registry moved during its read: read again"
+    assert await second == both
+
+
+async def test_the_models_answered_cannot_change_the_cache(make_store: MakeStore) -> None:
+    store = await make_store(registry_ttl=TTL)
+    await store.set_status(WORKERS[0], status("m1"))
+    models = await store.worker_models()
+    with pytest.raises(TypeError):
+        models[WORKERS[0]] = "m2"  # type: ignore[index]
