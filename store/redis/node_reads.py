@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,8 +56,11 @@ class NodeReads:
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
         self._encode = client.encoder.encode
-        self.fallbacks = 0
-        """Calls this path left to the client (tests and profiles read it)."""
+        self.fallbacks: Counter[str] = Counter()
+        """Calls this path left to the client, by why: "unready" (client not initialized,
+        or reading from replicas), "no slot", or the class of the error reply (redis-py's:
+        MovedError, AskError, TryAgainError, ...) or of the exception (tests and profiles
+        read it)."""
 
     def same_node(self, a: str, b: str) -> bool:
         """Whether the client's slot map names one node for both keys (False without one)."""
@@ -71,7 +75,7 @@ class NodeReads:
         """The replies of `commands` in order, or None when the client must run them."""
         client = self._client
         if client._initialize or client.read_from_replicas or client.load_balancing_strategy:
-            self.fallbacks += 1
+            self.fallbacks["unready"] += 1
             return None
         slots = client.nodes_manager.slots_cache
         groups: dict[str, tuple[ClusterNode, list[int]]] = {}
@@ -84,24 +88,25 @@ class NodeReads:
                 else:
                     group[1].append(i)
         except (KeyError, IndexError):  # a slot the map lacks
-            self.fallbacks += 1
+            self.fallbacks["no slot"] += 1
             return None
         held: list[tuple[ClusterNode, Connection, list[int]]] = []
         read = 0
         """Connections in `held` whose replies were all read."""
         try:
-            out = await self._exchange(commands, groups, held)
+            out, refused = await self._exchange(commands, groups, held)
             read = len(held)
-        except Exception:
-            self.fallbacks += 1
+        except Exception as e:
+            self.fallbacks[type(e).__name__] += 1
             return None
         finally:
             for _, conn, _ in held[read:]:
                 await conn.disconnect(nowait=True)  # replies left unread
             for node, conn, _ in held:
                 node.release(conn)
-        if out is None:
-            self.fallbacks += 1
+        if refused:
+            self.fallbacks[refused] += 1
+            return None
         return out
 
     async def _exchange(
@@ -109,9 +114,10 @@ class NodeReads:
         commands: Sequence[Command],
         groups: dict[str, tuple[ClusterNode, list[int]]],
         held: list[tuple[ClusterNode, Connection, list[int]]],
-    ) -> list[Any] | None:
-        """Write each node's commands, then read every reply; None if one was an error
-        (every reply is still read). `held` gets each connection as it is taken."""
+    ) -> tuple[list[Any], str]:
+        """Write each node's commands, then read every reply (all of them, even after an
+        error reply): the replies, and the first error reply's class ("" if none).
+        `held` gets each connection as it is taken."""
         timeout = None
         for node, indexes in groups.values():
             conn = node.acquire_connection()
@@ -125,19 +131,19 @@ class NodeReads:
             assert writer is not None
             writer.write(b"".join(conn.pack_commands([commands[i][1] for i in indexes])))
         out: list[Any] = [None] * len(commands)
-        failed = False
+        refused = ""
         async with asyncio.timeout(timeout):
             for node, conn, indexes in held:
                 callbacks = node.response_callbacks
                 for i in indexes:
                     try:
                         reply = await conn.read_response(timeout=math.inf)
-                    except ResponseError:
-                        failed = True
+                    except ResponseError as e:
+                        refused = refused or type(e).__name__
                         continue
                     _, args, options = commands[i]
                     name = args[0]
                     if name in callbacks:
                         reply = callbacks[name](reply, **options)
                     out[i] = reply
-        return None if failed else out
+        return out, refused

@@ -491,13 +491,14 @@ async def test_on_a_cluster_the_directory_asserts_go_one_round_trip_per_node(
     """Not through redis-py's ClusterPipeline: NodeReads' path, one write per node."""
     store, reader = cluster_stores
     ref = MemoryStore()
-    await _stream_into(store, ref, range(2))  # the writers loaded
+    await _stream_into(store, ref, range(2))  # the writers loaded, the client initialized
     nodes = store._nodes
     assert nodes is not None
+    warm = nodes.fallbacks.copy()  # "unready" if an assert came before the client's first call
     opened = _spy_pipelines(store, monkeypatch)
     await _stream_into(store, ref, range(2, 8))  # new sessions and first blocks each batch
     assert opened == []
-    assert nodes.fallbacks == 0
+    assert nodes.fallbacks == warm
     assert await _hinted(reader) == _HINTED
     await _firsts_hinted(store, reader, range(2, 8))
     assert await snapshot(reader) == await snapshot(ref)
