@@ -91,9 +91,10 @@ class IndexSizes(Collector):
     """The index's size as the store last reported it: workers, and per worker its sessions
     and entries, and what eviction took from its sessions. Refreshed periodically
     (`kvsi.serve`), not per scrape: a scrape must not wait on the store. The families are
-    built once per refresh, so a scrape at fleet size (thousands of per-worker samples)
-    only renders them; they are never changed once built (`api.routes.metrics` renders
-    them in a thread)."""
+    built once per refresh (in a thread, `kvsi.serve.refresh_index_metrics`), so a scrape at
+    fleet size (thousands of per-worker samples) only renders them; they are never changed
+    once built (`api.routes.metrics` renders them in a thread), and `update` replaces them
+    in one assignment."""
 
     def __init__(self) -> None:
         self._families: tuple[Metric, ...] = ()

@@ -233,23 +233,25 @@ def _start_discovery(
 
 
 async def run_index_metrics(store: IndexReader, interval: float) -> None:
-    """Refresh the index size and loss gauges every `interval` seconds until cancelled; a store
-    outage keeps the last numbers (kvsi_store_available says why they are old)."""
+    """`refresh_index_metrics` every `interval` seconds until cancelled; a store outage keeps
+    the last numbers (kvsi_store_available says why they are old)."""
     while True:
         try:
-            workers = await store.list_workers()
-            losses = await store.worker_losses()
+            await refresh_index_metrics(store)
         except Exception as exc:  # an outage must not end the refresher
             log.debug("index_metrics.skipped", error=f"{type(exc).__name__}: {exc}")
-        else:
-            metrics.INDEX.update(
-                ((str(WorkerKey(w.pod, w.dp_rank)), w.sessions, w.blocks) for w in workers),
-                (
-                    (str(w), x.sessions_hurt, x.lost_blocks, x.reprefill_tokens)
-                    for w, x in losses.items()
-                ),
-            )
         await asyncio.sleep(interval)
+
+
+async def refresh_index_metrics(store: IndexReader) -> None:
+    """The index size and loss gauges from the store. The reads go a chunk of workers a
+    round trip and the gauges are built in a thread: at fleet size, thousands of samples
+    would hold the event loop (bench/README.md, api_background.py)."""
+    workers = await store.list_workers()
+    losses = await store.worker_losses()
+    sizes = [(str(WorkerKey(w.pod, w.dp_rank)), w.sessions, w.blocks) for w in workers]
+    hurt = [(str(w), x.sessions_hurt, x.lost_blocks, x.reprefill_tokens) for w, x in losses.items()]
+    await asyncio.to_thread(metrics.INDEX.update, sizes, hurt)
 
 
 def _api_app(settings: Settings, store: IndexStore, pool: StreamPool | None) -> FastAPI:

@@ -101,6 +101,13 @@ def states_key(prefix: str) -> str:
     return f"{prefix}:states"
 
 
+def states_log_key(prefix: str) -> str:
+    """A stream of which worker each move of the states counter was for (`n`, `w` fields),
+    in the counter's slot (its name is the hash tag): a reader whose count is a few behind
+    reads those workers' states again, not every worker's. Bounded (XADD MAXLEN ~)."""
+    return f"{{{states_key(prefix)}}}:log"
+
+
 def retired_key(prefix: str) -> str:
     """Sessions seen on removed workers (-last_seen, as a worker's seen set): a session
     outlives the workers it was seen on until it expires, as in the memory store."""

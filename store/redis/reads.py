@@ -10,7 +10,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Container,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from importlib import resources
 from types import MappingProxyType
 from typing import Any, NamedTuple, cast
@@ -64,6 +72,7 @@ from kvsi.store.redis.layout import (
     residency_time,
     retired_key,
     states_key,
+    states_log_key,
     worker_member,
 )
 from kvsi.store.redis.node_reads import WITH_SCORES, Command, NodeReads
@@ -89,6 +98,18 @@ LOSS_CHUNK = 1
 """Workers without loss sums in their meta (written before them) `worker_losses` sums per
 round trip: losses.lua holds Redis for time in proportion to a worker's residencies, so
 reads wait behind at most one worker's sum."""
+
+FIELD_CHUNK = 256
+"""Workers one round trip of a read of one meta field (states, models) covers: more than
+`LIST_CHUNK`, as each answers a few bytes, and requests may be waiting for the read."""
+
+STATES_LOG_READ = 256
+"""Most states-log entries a refresh reads (`states_since.lua`): further behind, it reads
+every worker's state (a few more commands per worker than per entry, as often)."""
+
+STATES_LOG_LENGTH = 1_000
+"""The states log's bound (XADD MAXLEN ~): more than `STATES_LOG_READ`, fewer than a busy
+fleet's changes in a few `registry_ttl`s."""
 
 STATES_READ_SECONDS = 30.0
 """Longest a reader trusts the states counter alone: every worker's state is read again at
@@ -213,6 +234,22 @@ def _view(w: WorkerKey, meta: dict[bytes, bytes]) -> WorkerView:
 def _state(raw: bytes | None) -> WorkerState:
     """A worker's state field; a worker with no status written yet is connecting."""
     return WorkerState(raw.decode()) if raw else WorkerState.CONNECTING
+
+
+def _logged_workers(reply: list[Any], known: int, counter: int) -> list[WorkerKey] | None:
+    """The workers the states log names for the counts after `known` up to `counter`
+    (states_since.lua's entries), or None if it does not hold every one of those counts."""
+    if not reply:
+        return None
+    counts: list[int] = []
+    workers: set[WorkerKey] = set()
+    for _, fields in reply[0]:
+        entry = dict(zip(fields[0::2], fields[1::2], strict=True))
+        counts.append(int(entry[b"n"]))
+        workers.add(parse_worker(entry[b"w"]))
+    if sorted(counts) != list(range(known + 1, counter + 1)):
+        return None
+    return sorted(workers)
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -348,6 +385,7 @@ class RedisReader:
         self._prefix = check_prefix(prefix)
         self._registry_key = registry_key(prefix)
         self._states_key = states_key(prefix)
+        self._states_log = states_log_key(prefix)
         self._retired_key = retired_key(prefix)
         self._registry_ttl = registry_ttl
         self._registry: KnownWorkers | None = None
@@ -364,6 +402,7 @@ class RedisReader:
         self._losses_script: AsyncScript = client.register_script(lua("losses"))
         self._unhint_script: AsyncScript = client.register_script(lua("unhint"))
         self._walk_script: AsyncScript = client.register_script(lua("walk"))
+        self._states_since_script: AsyncScript = client.register_script(lua("states_since"))
         self._block_marked: set[WorkerKey] = set()
         """Workers whose meta says the block directory holds all their first blocks."""
         self._legacy_at = -math.inf
@@ -378,10 +417,10 @@ class RedisReader:
         self._states_at = -math.inf
         self._states_version = -1
         """The registry's version when `_states` was last found to cover it."""
-        self._states_counter: bytes | None = None
+        self._states_counter = 0
         self._states_read_at = -math.inf
-        """The states counter (`states_key`) before the last read of every worker's state,
-        and when that read began."""
+        """The states counter (`states_key`) `_states` is up to, and when the last read of
+        every worker's state began."""
         self._registry_refresh = SharedCall(self._read_registry)
         self._states_refresh = SharedCall(self._refresh_states)
         self._marks_refresh = SharedCall(self._read_block_marks)
@@ -447,13 +486,22 @@ class RedisReader:
             pipe.execute_command(*args, **options)
         return cast(list[Any], await pipe.execute(raise_on_error=raise_on_error))
 
-    async def _batches(self, commands: Sequence[Command], per_round: int) -> list[Any]:
-        """`_batch` of `per_round` commands at a time: a pass over the fleet holds the event
-        loop (and each node) for one round's replies at a time, and the routes' reads
-        interleave."""
-        out: list[Any] = []
+    async def _rounds(
+        self, commands: Sequence[Command], per_round: int
+    ) -> AsyncIterator[tuple[slice, list[Any]]]:
+        """`_batch` of `per_round` commands at a time, each round's replies as they come
+        (with the round's slice of `commands`): a pass over the fleet holds the event loop
+        (and each node) for one round's replies, and the caller's work on them, at a time,
+        and the routes' reads interleave."""
         for start in range(0, len(commands), per_round):
-            out += await self._batch(commands[start : start + per_round])
+            part = slice(start, start + per_round)
+            yield part, await self._batch(commands[part])
+
+    async def _batches(self, commands: Sequence[Command], per_round: int) -> list[Any]:
+        """Every round's replies of `_rounds`, in order."""
+        out: list[Any] = []
+        async for _, replies in self._rounds(commands, per_round):
+            out += replies
         return out
 
     async def fence(self, worker: WorkerKey) -> Fence | None:
@@ -802,9 +850,10 @@ class RedisReader:
         reads: list[Command] = [
             (m, ("HGETALL", m), {}) for m in (self.worker_keys(w).meta for w in workers)
         ]
-        metas = await self._batches(reads, LIST_CHUNK)
-        # A meta gone (empty) was removed by another process since the registry was read.
-        views = [_view(w, meta) for w, meta in zip(workers, metas, strict=True) if meta]
+        views: list[WorkerView] = []
+        async for part, metas in self._rounds(reads, LIST_CHUNK):
+            # A meta gone (empty) was removed by another process since the registry was read.
+            views += [_view(w, meta) for w, meta in zip(workers[part], metas, strict=True) if meta]
         self._keep_states({WorkerKey(v.pod, v.dp_rank): v.status.state for v in views})
         return views
 
@@ -840,15 +889,13 @@ class RedisReader:
     ) -> dict[WorkerKey, bytes | None]:
         """One field of each worker's meta, for the workers whose meta still exists (another
         process may have removed one since the registry was read): EXISTS and HGET per
-        worker, one pipeline."""
-        if not workers:
-            return {}
+        worker, `FIELD_CHUNK` workers a round trip."""
         reads: list[Command] = []
         for w in workers:
             meta = self.worker_keys(w).meta
             reads.append((meta, ("EXISTS", meta), {}))
             reads.append((meta, ("HGET", meta, name), {}))
-        out = await self._batch(reads)
+        out = await self._batches(reads, 2 * FIELD_CHUNK)
         return {
             w: value
             for w, exists, value in zip(workers, out[0::2], out[1::2], strict=True)
@@ -862,17 +909,16 @@ class RedisReader:
         residencies, `LOSS_CHUNK` a round trip. For the metrics refresher, not requests."""
         workers = await self._known()
         metas = [self.worker_keys(w).meta for w in workers]
-        replies = await self._batches(
-            [(meta, ("HMGET", meta, *LOSS_FIELDS), {}) for meta in metas], LIST_CHUNK
-        )
+        reads: list[Command] = [(meta, ("HMGET", meta, *LOSS_FIELDS), {}) for meta in metas]
         out: dict[WorkerKey, WorkerLosses] = {}
         legacy: list[WorkerKey] = []
-        for w, values in zip(workers, replies, strict=True):
-            losses = decode_losses(values)
-            if losses is None:
-                legacy.append(w)
-            else:
-                out[w] = losses
+        async for part, replies in self._rounds(reads, LIST_CHUNK):
+            for w, values in zip(workers[part], replies, strict=True):
+                losses = decode_losses(values)
+                if losses is None:
+                    legacy.append(w)
+                else:
+                    out[w] = losses
         for start in range(0, len(legacy), LOSS_CHUNK):
             chunk = legacy[start : start + LOSS_CHUNK]
             calls: list[tuple[list[str], list[Arg]]] = [
@@ -916,16 +962,35 @@ class RedisReader:
         return False
 
     async def _refresh_states(self) -> None:
-        """The states cache, at most `registry_ttl` old: one GET of the states counter while
-        no writer changed a state (and at least every `STATES_READ_SECONDS`, for a writer that
-        died between its status and the counter), else every worker's state read again."""
+        """The states cache, at most `registry_ttl` old: one call of states_since.lua, which
+        answers the states counter and, if it moved, the log of which workers it moved for;
+        their states are read again (HGET and EXISTS each). Every worker's state is read
+        again when the log misses a move (trimmed, or a writer that does not log), and at
+        least every `STATES_READ_SECONDS` (a writer that died between a status and the
+        counter)."""
         started = time.monotonic()
-        if started - self._states_read_at < STATES_READ_SECONDS:
-            counter = cast(bytes | None, await self._client.get(self._states_key))
-            if counter == self._states_counter:
-                self._states_at = started
-                return
-        await self._read_states()
+        if started - self._states_read_at >= STATES_READ_SECONDS:
+            return await self._read_states()
+        known = self._states_counter
+        args: list[Arg] = [known, STATES_LOG_READ]
+        call = ([self._states_key, self._states_log], args)
+        (reply,) = await self._scripted(self._states_since_script, [call])
+        counter = int(reply[0])
+        if counter == known:
+            self._states_at = started
+            return
+        changed = _logged_workers(reply[1:], known, counter)
+        if changed is None:
+            return await self._read_states()
+        found = await self._meta_field(changed, "state")
+        states = dict(self._states)
+        for w in changed:
+            if w in found:
+                states[w] = _state(found[w])
+            else:  # removed by another process since
+                states.pop(w, None)
+        self._keep_states(states, started)
+        self._states_counter = counter
 
     async def _read_states(self) -> None:
         started = time.monotonic()
@@ -933,7 +998,7 @@ class RedisReader:
         counter = cast(bytes | None, await self._client.get(self._states_key))
         found = await self._meta_field(await self._known(), "state")
         self._keep_states({w: _state(state) for w, state in found.items()}, started)
-        self._states_counter = counter
+        self._states_counter = int(counter or 0)
         self._states_read_at = started
 
     def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:

@@ -57,7 +57,15 @@ from kvsi.store.redis.layout import (
 from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
 from kvsi.store.redis.node_reads import Command
 from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
-from kvsi.store.redis.reads import Client, RedisReader, Seen, fence_of, lua, write_script
+from kvsi.store.redis.reads import (
+    STATES_LOG_LENGTH,
+    Client,
+    RedisReader,
+    Seen,
+    fence_of,
+    lua,
+    write_script,
+)
 from kvsi.store.redis.transport import (
     ClusterDirectScript,
     DirectScript,
@@ -218,6 +226,7 @@ class RedisStore(RedisReader, RedisInstances):
         super().__init__(client, prefix=prefix, registry_ttl=registry_ttl)
         self._feed_length = feed_length
         self._status_script: AsyncScript = client.register_script(lua("status"))
+        self._states_log_script: AsyncScript = client.register_script(lua("states_log"))
         apply_script = client.register_script(write_script("apply"))
         guard = write_script("guard")
         self._direct: DirectScript | ClusterDirectScript = (
@@ -596,8 +605,9 @@ class RedisStore(RedisReader, RedisInstances):
         """status.lua on the worker's meta (which also adds a feed record when the state or
         detail changed, atomically: once, whichever process wrote; and refuses an older
         `epoch` than the meta's), and SADD to the registry, concurrently; then, if the state
-        or detail changed, INCR of the states counter readers check. Not versioned: the
-        status is no part of the index a mirror copies. O(1)."""
+        or detail changed, states_log.lua: INCR of the states counter readers check, and the
+        worker in the states log, so they read its state again, not every worker's. Not
+        versioned: the status is no part of the index a mirror copies. O(1)."""
         keys = self.worker_keys(worker)
         change = WorkerChange(
             worker.pod, worker.dp_rank, status.state.value, status.since, status.detail
@@ -631,7 +641,10 @@ class RedisStore(RedisReader, RedisInstances):
         self._model_written(worker, status.model)
         if changed:  # after the status: a reader that sees the count reads the new state
             self._feed_written(worker)
-            await self._client.incr(self._states_key)
+            await self._states_log_script(
+                keys=[self._states_key, self._states_log],
+                args=[worker_member(worker), STATES_LOG_LENGTH],
+            )
         return True
 
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:

@@ -1,11 +1,14 @@
-"""The API's cache of every worker's state on Redis: refreshed each `registry_ttl` by one GET
-of the states counter while no writer changed a state, by a read of every worker otherwise,
-so an idle fleet of 1,000 workers costs a reader one command a second, not 2,000."""
+"""The API's cache of every worker's state on Redis: refreshed each `registry_ttl` by one call
+that answers the states counter and, if it moved, which workers it moved for (the states
+log), whose states alone are read again; every worker's only when the log misses a move.
+An idle fleet of 1,000 workers costs a reader one command a second, a changed state two
+more, not 2,000."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -13,6 +16,8 @@ import redis
 from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis import reads as reads_module
+from kvsi.store.redis.layout import states_key, states_log_key
+from tests.redis_servers import RedisClusterServers
 from tests.store.commandstats import calls
 from tests.store.conftest import MakeStore
 
@@ -40,15 +45,75 @@ async def fleet(make_store: MakeStore) -> tuple[RedisStore, RedisStore]:
     return writer, reader
 
 
-async def test_an_unchanged_fleet_costs_one_get_per_refresh(
+async def test_an_unchanged_fleet_costs_one_call_per_refresh(
     fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
 ) -> None:
     _, reader = fleet
-    hgets, gets = calls(raw, "hget"), calls(raw, "get")
+    await refreshed(reader)  # the reader's first call loads its script
+    hgets, scripts = calls(raw, "hget"), calls(raw, "evalsha")
     for _ in range(3):
         assert len(await refreshed(reader)) == len(WORKERS)
     assert calls(raw, "hget") - hgets == 0, "no worker's state read again"
-    assert calls(raw, "get") - gets == 3
+    assert calls(raw, "evalsha") - scripts == 3
+
+
+async def test_a_changed_state_reads_that_worker_again_not_every_worker(
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
+) -> None:
+    writer, reader = fleet
+    before = await reader.worker_states()
+    hgets = calls(raw, "hget")
+    await writer.set_status(WORKERS[3], status(WorkerState.DEGRADED, "gap"))
+    await writer.set_status(WORKERS[5], status(WorkerState.DEGRADED, "gap"))
+    await writer.set_status(WORKERS[3], status(WorkerState.LIVE))
+
+    after = await refreshed(reader)
+
+    assert calls(raw, "hget") - hgets == 2, "the two workers the log names"
+    assert after == {**before, WORKERS[5]: WorkerState.DEGRADED}
+    assert await refreshed(reader) is after, "unchanged since: the same mapping"
+
+
+def _older_writer(raw: redis.Redis, prefix: str) -> None:
+    raw.incr(states_key(prefix))  # a writer of an earlier kvsi: its INCR, no log entry
+
+
+def _log_trimmed(raw: redis.Redis, prefix: str) -> None:
+    raw.delete(states_log_key(prefix))
+
+
+@pytest.mark.parametrize("miss", [_older_writer, _log_trimmed])
+async def test_a_move_the_log_misses_reads_every_worker_again(
+    fleet: tuple[RedisStore, RedisStore],
+    raw: redis.Redis,
+    prefix: str,
+    miss: Callable[[redis.Redis, str], None],
+) -> None:
+    writer, reader = fleet
+    await writer.set_status(WORKERS[3], status(WorkerState.DEGRADED, "gap"))
+    miss(raw, prefix)
+    await writer.set_status(WORKERS[4], status(WorkerState.DEGRADED, "gap"))
+    hgets = calls(raw, "hget")
+
+    states = await refreshed(reader)
+
+    assert calls(raw, "hget") - hgets == len(WORKERS)
+    assert {w for w, s in states.items() if s is WorkerState.DEGRADED} == set(WORKERS[3:5])
+
+
+async def test_a_reader_far_behind_reads_every_worker_again(
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, reader = fleet
+    monkeypatch.setattr(reads_module, "STATES_LOG_READ", 2)
+    for worker in WORKERS[:3]:
+        await writer.set_status(worker, status(WorkerState.DISCONNECTED))
+    hgets = calls(raw, "hget")
+
+    states = await refreshed(reader)
+
+    assert calls(raw, "hget") - hgets == len(WORKERS)
+    assert {w for w, s in states.items() if s is WorkerState.DISCONNECTED} == set(WORKERS[:3])
 
 
 async def test_a_state_another_process_changed_is_read_at_the_next_refresh(
@@ -88,3 +153,27 @@ async def test_the_fleet_is_listed_in_chunks_with_every_worker(
         (w.pod, WorkerState.DEGRADED if w == WORKERS[7] else WorkerState.LIVE) for w in WORKERS
     )
     assert (await reader.worker_states())[WORKERS[7]] == WorkerState.DEGRADED
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_a_changed_state_is_read_from_the_log(
+    make_store: MakeStore, redis_cluster: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counter and the log share a slot: one call answers both on a cluster too."""
+    writer = await make_store(redis_cluster.url)
+    for worker in WORKERS:
+        await writer.set_status(worker, status(WorkerState.LIVE))
+    reader = await make_store(redis_cluster.url, registry_ttl=str(TTL))
+    assert set((await reader.worker_states()).values()) == {WorkerState.LIVE}
+    await writer.set_status(WORKERS[2], status(WorkerState.DEGRADED, "gap"))
+    read_every_worker: list[int] = []
+
+    async def counted() -> None:
+        read_every_worker.append(1)
+
+    monkeypatch.setattr(reader, "_read_states", counted)
+
+    states = await refreshed(reader)
+
+    assert read_every_worker == []
+    assert {w for w, s in states.items() if s is not WorkerState.LIVE} == {WORKERS[2]}
