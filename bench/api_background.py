@@ -8,7 +8,8 @@ reader `RedisStore` as an API process holds one, each pass a serving process run
 its requests:
 
 - `states, one changed`: `worker_states()` after one worker's state changed (a writer's
-  `set_status`), as a route's first read after it does;
+  `set_status`), as a route's first read after it does; `models, one changed`:
+  `worker_models()` right after, as a route restricted to a model does;
 - `states, none changed`: the same once the cache expired with no change;
 - `index gauges`: one pass of the index metrics refresher (`refresh_index_metrics`);
 - `janitor`: the janitor's look for disconnected workers (`kvsi.janitor._gone`).
@@ -80,14 +81,14 @@ async def fill(writer: RedisStore, workers: list[WorkerKey], sessions: int) -> N
 
 async def timed(nodes: list[redis.Redis], run: Callable[[], Awaitable[object]]) -> dict[str, float]:
     calls0, _ = server_totals(nodes)
-    cpu0 = time.thread_time()
+    cpu0 = time.process_time()
     with Ticker() as ticker:
         await asyncio.sleep(0.01)
         started = time.perf_counter()
         await run()
         wall = time.perf_counter() - started
         await asyncio.sleep(0.01)
-    cpu = time.thread_time() - cpu0
+    cpu = time.process_time() - cpu0
     calls1, _ = server_totals(nodes)
     return {
         "wall_ms": wall * 1e3,
@@ -107,12 +108,16 @@ async def one_size(url: str, ports: list[int], workers: int, args: argparse.Name
     reader = RedisStore.from_url(f"{url}&registry_ttl={args.ttl}")
     await fill(writer, keys, args.sessions)
     await reader.worker_states()
+    await reader.worker_models()
 
     async def after_ttl() -> None:
         await asyncio.sleep(args.ttl * 1.5)
 
     async def one_changed() -> None:
         await reader.worker_states()
+
+    async def models() -> None:
+        await reader.worker_models()
 
     async def gauges() -> None:
         await refresh_index_metrics(reader)
@@ -127,6 +132,7 @@ async def one_size(url: str, ports: list[int], workers: int, args: argparse.Name
         await writer.set_status(changed, WorkerStatus(state, 3.0 + run, model="m"))
         await after_ttl()
         rows.setdefault("states, one changed", []).append(await timed(nodes, one_changed))
+        rows.setdefault("models, one changed", []).append(await timed(nodes, models))
         await after_ttl()
         rows.setdefault("states, none changed", []).append(await timed(nodes, one_changed))
         rows.setdefault("index gauges", []).append(await timed(nodes, gauges))

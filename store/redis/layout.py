@@ -96,8 +96,9 @@ def registry_key(prefix: str) -> str:
 
 
 def states_key(prefix: str) -> str:
-    """A counter a writer increments after it changed a worker's state (status.lua said so):
-    a reader reads every worker's state again only when it moved (or its registry did)."""
+    """A counter a writer increments after it changed a worker's status (status.lua said so),
+    with an entry in the states log (`states_log_key`): a reader reads states and models
+    again only when it moved, and then only those of the workers the log names."""
     return f"{prefix}:states"
 
 

@@ -58,9 +58,9 @@ class NodeReads:
         self._encode = client.encoder.encode
         self.fallbacks: Counter[str] = Counter()
         """Calls this path left to the client, by why: "unready" (client not initialized,
-        or reading from replicas), "no slot", or the class of the error reply (redis-py's:
-        MovedError, AskError, TryAgainError, ...) or of the exception (tests and profiles
-        read it)."""
+        reading from replicas or balancing its reads), "no slot", or the class of the error
+        reply (redis-py's: MovedError, AskError, TryAgainError, ...) or of the exception
+        (tests and profiles read it)."""
 
     def same_node(self, a: str, b: str) -> bool:
         """Whether the client's slot map names one node for both keys (False without one)."""

@@ -20,8 +20,7 @@ from collections.abc import (
     Sequence,
 )
 from importlib import resources
-from types import MappingProxyType
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -53,6 +52,7 @@ from kvsi.store.paging import (
     page_sessions,
 )
 from kvsi.store.redis.feed import FeedPump, stream_ends
+from kvsi.store.redis.field_cache import FieldCache, read_log
 from kvsi.store.redis.layout import (
     LOSS_FIELDS,
     META_FENCE,
@@ -80,6 +80,7 @@ from kvsi.store.redis.plan import MAX_ARGS, Arg
 from kvsi.store.tokens import Edge
 
 Client = Redis | RedisCluster
+T = TypeVar("T")
 
 HELD_CONNECTIONS = 4
 """Connections the read scripts hold (`_ReadConnections`): the prefix match and session
@@ -234,22 +235,6 @@ def _view(w: WorkerKey, meta: dict[bytes, bytes]) -> WorkerView:
 def _state(raw: bytes | None) -> WorkerState:
     """A worker's state field; a worker with no status written yet is connecting."""
     return WorkerState(raw.decode()) if raw else WorkerState.CONNECTING
-
-
-def _logged_workers(reply: list[Any], known: int, counter: int) -> list[WorkerKey] | None:
-    """The workers the states log names for the counts after `known` up to `counter`
-    (states_since.lua's entries), or None if it does not hold every one of those counts."""
-    if not reply:
-        return None
-    counts: list[int] = []
-    workers: set[WorkerKey] = set()
-    for _, fields in reply[0]:
-        entry = dict(zip(fields[0::2], fields[1::2], strict=True))
-        counts.append(int(entry[b"n"]))
-        workers.add(parse_worker(entry[b"w"]))
-    if sorted(counts) != list(range(known + 1, counter + 1)):
-        return None
-    return sorted(workers)
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -409,22 +394,12 @@ class RedisReader:
         self._legacy: tuple[WorkerKey, ...] = ()
         self._legacy_version = -1
         """The registered workers not in `_block_marked`, at the registry's version then."""
-        self._models: Mapping[WorkerKey, str | None] = MappingProxyType({})
-        self._models_at = -math.inf
-        self._models_version = -1
-        """Each registered worker's model, when read, and the registry's version then."""
-        self._states: dict[WorkerKey, WorkerState] = {}
-        self._states_at = -math.inf
-        self._states_version = -1
-        """The registry's version when `_states` was last found to cover it."""
-        self._states_counter = 0
-        self._states_read_at = -math.inf
-        """The states counter (`states_key`) `_states` is up to, and when the last read of
-        every worker's state began."""
+        self._states = FieldCache("state", _state)
+        self._models = FieldCache("model", _text)
         self._registry_refresh = SharedCall(self._read_registry)
-        self._states_refresh = SharedCall(self._refresh_states)
+        self._states_refresh = SharedCall(lambda: self._refresh_field(self._states))
         self._marks_refresh = SharedCall(self._read_block_marks)
-        self._models_refresh = SharedCall(self._read_models)
+        self._models_refresh = SharedCall(lambda: self._refresh_field(self._models))
         """One read of each cache at a time: when it goes stale under load, the requests in
         flight would each have read all of it again (every worker's commands per request;
         a new API process's first prefix matches each asked every worker for its mark:
@@ -845,7 +820,10 @@ class RedisReader:
 
     async def list_workers(self) -> list[WorkerView]:
         """HGETALL of each registered worker's meta hash, `LIST_CHUNK` workers per round
-        trip. O(workers)."""
+        trip; the states cache takes their states, unless another read updated it meanwhile.
+        O(workers)."""
+        started = time.monotonic()
+        up_to = self._states.up_to
         workers = await self._known()
         reads: list[Command] = [
             (m, ("HGETALL", m), {}) for m in (self.worker_keys(w).meta for w in workers)
@@ -854,35 +832,21 @@ class RedisReader:
         async for part, metas in self._rounds(reads, LIST_CHUNK):
             # A meta gone (empty) was removed by another process since the registry was read.
             views += [_view(w, meta) for w, meta in zip(workers[part], metas, strict=True) if meta]
-        self._keep_states({WorkerKey(v.pod, v.dp_rank): v.status.state for v in views})
+        if self._states.up_to == up_to:
+            states = {WorkerKey(v.pod, v.dp_rank): v.status.state for v in views}
+            self._states.keep(states, started)
         return views
 
     async def worker_models(self) -> Mapping[WorkerKey, str | None]:
         """Each registered worker's model, from a cache at most `registry_ttl` old, as the
-        states are (read again at once after a registry change, or a model this process
-        wrote): a route restricted to a model then costs no read of every worker. O(workers)
-        per refresh: HGET of each worker's model, pipelined (one round trip per node)."""
-        registry = await self._known_workers()
-        stale = time.monotonic() - self._models_at >= self._registry_ttl
-        if stale or self._models_version != registry.version:
-            await (self._models_refresh() if self._registry_ttl > 0 else self._read_models())
-            if self._models_version != registry.version:
-                await self._read_models()  # the shared read began before a worker appeared
-        return self._models
-
-    async def _read_models(self) -> None:
-        started = time.monotonic()
-        assert self._registry is not None  # read by the caller
-        version = self._registry.version
-        found = await self._meta_field(self._registry.ordered(), "model")
-        self._models = MappingProxyType({w: _text(model) for w, model in found.items()})
-        self._models_at = started
-        self._models_version = version
+        states are (`_cached`; and at once after this process wrote another model for a
+        worker): a route restricted to a model then costs no read of every worker."""
+        return await self._cached(self._models, self._models_refresh)
 
     def _model_written(self, worker: WorkerKey, model: str | None) -> None:
         """This process wrote the worker's model: the cache reads it again if it differs."""
-        if self._models.get(worker, model) != model:
-            self._models_at = -math.inf
+        if self._models.values.get(worker, model) != model:
+            self._models.expire()
 
     async def _meta_field(
         self, workers: Sequence[WorkerKey], name: str
@@ -933,79 +897,76 @@ class RedisReader:
         return out
 
     async def worker_states(self) -> Mapping[WorkerKey, WorkerState]:
-        """The state in each registered worker's meta (HGET and EXISTS, pipelined), reused
-        for `registry_ttl` as the registry is: a session view or a route then costs no round
-        trip for them. Refreshed at once for a worker the cache lacks, and by list_workers.
-        O(workers) per refresh; the same mapping while the states read are the same."""
-        workers = await self._known()
-        stale = time.monotonic() - self._states_at >= self._registry_ttl
-        if stale or not self._states_cover(workers):
-            await (self._states_refresh() if self._registry_ttl > 0 else self._read_states())
-            workers = await self._known()
-            if not self._states_cover(workers):
-                await self._read_states()  # the shared read began before a worker appeared
-                workers = await self._known()
-        states = self._states
-        if len(states) == len(workers):  # every worker is in it: the same ones
-            return states
-        return {w: states[w] for w in workers if w in states}
+        """The state in each registered worker's meta, from a cache at most `registry_ttl`
+        old (`_cached`; and refreshed by list_workers): a session view or a route then costs
+        no round trip for them. The same mapping while the states read are the same."""
+        return await self._cached(self._states, self._states_refresh)
 
-    def _states_cover(self, workers: Sequence[WorkerKey]) -> bool:
-        """Whether `_states` has every registered worker: checked once per registry change."""
-        assert self._registry is not None
-        version = self._registry.version
-        if version == self._states_version:
-            return True
-        if all(map(self._states.__contains__, workers)):
-            self._states_version = version
-            return True
-        return False
+    async def _cached(self, cache: FieldCache[T], refresh: SharedCall) -> Mapping[WorkerKey, T]:
+        """The cache's values of the registered workers, refreshed when `registry_ttl` has
+        passed or a worker registered since (`_refresh_field`, shared by the callers in
+        flight; with a `registry_ttl` of 0, every worker's value read by each caller)."""
+        registry = await self._known_workers()
+        workers = registry.ordered()
+        if cache.due(time.monotonic(), self._registry_ttl) or not cache.covers(
+            registry.version, workers
+        ):
+            await self._due(refresh, lambda: self._read_field(cache))
+            registry = await self._known_workers()
+            workers = registry.ordered()
+            if not cache.covers(registry.version, workers):
+                await self._refresh_field(cache)  # registered after the shared read began
+        return cache.registered(registry.version, workers)
 
-    async def _refresh_states(self) -> None:
-        """The states cache, at most `registry_ttl` old: one call of states_since.lua, which
-        answers the states counter and, if it moved, the log of which workers it moved for;
-        their states are read again (HGET and EXISTS each). Every worker's state is read
-        again when the log misses a move (trimmed, or a writer that does not log), and at
-        least every `STATES_READ_SECONDS` (a writer that died between a status and the
-        counter)."""
+    async def _due(self, shared: SharedCall, read: Callable[[], Awaitable[None]]) -> None:
+        """A cache's read, due: shared by the callers in flight while reads are cached
+        (`registry_ttl` > 0), else each caller's own (fresh: none begun before it)."""
+        await (shared() if self._registry_ttl > 0 else read())
+
+    async def _refresh_field(self, cache: FieldCache[Any]) -> None:
+        """The cache brought up to date: one call of states_since.lua answers the states
+        counter and, if it moved, the log of which workers' status changed (`read_log`);
+        their field is read again (EXISTS and HGET each), and that of workers registered
+        since. Every worker's is read again when the log cannot tell them all (trimmed, too
+        far behind, a writer that does not log, a counter that went back), and at least
+        every `STATES_READ_SECONDS` (a writer that died between a status and its log entry).
+        A worker the log names that this process does not know yet waits for its registry
+        read; one whose meta is gone leaves it."""
         started = time.monotonic()
-        if started - self._states_read_at >= STATES_READ_SECONDS:
-            return await self._read_states()
-        known = self._states_counter
-        args: list[Arg] = [known, STATES_LOG_READ]
+        if started - cache.read_at >= STATES_READ_SECONDS:
+            return await self._read_field(cache)
+        up_to = cache.up_to
+        logged = read_log(await self._states_since(str(cache.counter)), *up_to)
+        if logged.workers is None:
+            return await self._read_field(cache)
+        registry = await self._known_workers()
+        named = (w for w in logged.workers if w in registry)
+        todo = sorted({*named, *cache.missing(registry.ordered())})
+        found = await self._meta_field(todo, cache.field) if todo else {}
+        if cache.up_to != up_to:  # overtaken by another read (see `FieldCache.up_to`)
+            return
+        for w in todo:
+            if w not in found:
+                registry.discard(w)
+        cache.patch(todo, found, started)
+        cache.logged(logged)
+
+    async def _read_field(self, cache: FieldCache[Any]) -> None:
+        """Every registered worker's field read again, after the states counter and the log's
+        newest entry (a change after them moves the counter again)."""
+        started = time.monotonic()
+        logged = read_log(await self._states_since(""), None, None)
+        found = await self._meta_field(await self._known(), cache.field)
+        cache.keep({w: cache.parse(value) for w, value in found.items()}, started)
+        cache.logged(logged)
+        cache.read_at = started
+
+    async def _states_since(self, count: str) -> Any:
+        """states_since.lua's reply for a cache up to `count` ("": for a read of every worker)."""
+        args: list[Arg] = [count, STATES_LOG_READ]
         call = ([self._states_key, self._states_log], args)
         (reply,) = await self._scripted(self._states_since_script, [call])
-        counter = int(reply[0])
-        if counter == known:
-            self._states_at = started
-            return
-        changed = _logged_workers(reply[1:], known, counter)
-        if changed is None:
-            return await self._read_states()
-        found = await self._meta_field(changed, "state")
-        states = dict(self._states)
-        for w in changed:
-            if w in found:
-                states[w] = _state(found[w])
-            else:  # removed by another process since
-                states.pop(w, None)
-        self._keep_states(states, started)
-        self._states_counter = counter
-
-    async def _read_states(self) -> None:
-        started = time.monotonic()
-        # The counter before the states: a change after it moves it again.
-        counter = cast(bytes | None, await self._client.get(self._states_key))
-        found = await self._meta_field(await self._known(), "state")
-        self._keep_states({w: _state(state) for w, state in found.items()}, started)
-        self._states_counter = int(counter or 0)
-        self._states_read_at = started
-
-    def _keep_states(self, states: dict[WorkerKey, WorkerState], at: float | None = None) -> None:
-        if states != self._states:  # else the same mapping: callers' derivations still hold
-            self._states = states
-        self._states_at = time.monotonic() if at is None else at
-        self._states_version = -1
+        return reply
 
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None
@@ -1119,7 +1080,7 @@ class RedisReader:
             self._legacy = tuple(w for w in registry.ordered() if w not in self._block_marked)
             self._legacy_version = registry.version
         if self._legacy and time.monotonic() - self._legacy_at >= self._registry_ttl:
-            await (self._marks_refresh() if self._registry_ttl > 0 else self._read_block_marks())
+            await self._due(self._marks_refresh, self._read_block_marks)
         return self._legacy
 
     async def _read_block_marks(self) -> None:

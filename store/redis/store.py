@@ -604,10 +604,10 @@ class RedisStore(RedisReader, RedisInstances):
     ) -> bool:
         """status.lua on the worker's meta (which also adds a feed record when the state or
         detail changed, atomically: once, whichever process wrote; and refuses an older
-        `epoch` than the meta's), and SADD to the registry, concurrently; then, if the state
-        or detail changed, states_log.lua: INCR of the states counter readers check, and the
-        worker in the states log, so they read its state again, not every worker's. Not
-        versioned: the status is no part of the index a mirror copies. O(1)."""
+        `epoch` than the meta's), and SADD to the registry, concurrently; then, if the state,
+        detail or model changed, states_log.lua: INCR of the states counter readers check, and
+        the worker in the states log, so they read its state and model again, not every
+        worker's. Not versioned: the status is no part of the index a mirror copies. O(1)."""
         keys = self.worker_keys(worker)
         change = WorkerChange(
             worker.pod, worker.dp_rank, status.state.value, status.since, status.detail
@@ -639,8 +639,9 @@ class RedisStore(RedisReader, RedisInstances):
         if changed == -1:
             return False
         self._model_written(worker, status.model)
-        if changed:  # after the status: a reader that sees the count reads the new state
+        if changed == 1:
             self._feed_written(worker)
+        if changed:  # after the status: a reader that sees the count reads the new status
             await self._states_log_script(
                 keys=[self._states_key, self._states_log],
                 args=[worker_member(worker), STATES_LOG_LENGTH],

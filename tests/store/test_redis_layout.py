@@ -266,8 +266,9 @@ async def test_requests_meeting_a_stale_cache_share_one_read_of_it(
     workers = [WorkerKey(f"pod-{i}", 0) for i in range(20)]
     for w in workers:
         await writer.apply(w, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+    await writer.set_status(workers[1], WorkerStatus(state=WorkerState.LIVE, since=1.0))
     reader = await make_store(registry_ttl="0.05")
-    await reader.worker_states()
+    await reader.worker_states()  # up to the states log's first entry
     await writer.set_status(workers[0], WorkerStatus(state=WorkerState.LIVE, since=2.0))
     await asyncio.sleep(0.06)  # both caches stale now, and a state changed
     raw.config_resetstat()

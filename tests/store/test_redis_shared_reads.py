@@ -11,6 +11,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from kvsi.store.directory import BLOCK_DIRECTORY_MARK
 from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.layout import WorkerKeys
+from kvsi.store.redis.plan import Arg
 from tests.store.commandstats import calls
 from tests.store.conftest import MakeStore
 
@@ -36,7 +38,7 @@ def expire_marks(reader: RedisStore) -> None:
 
 
 def expire_models(reader: RedisStore) -> None:
-    reader._models_at = -math.inf
+    reader._models.expire()
 
 
 async def test_a_new_readers_concurrent_prefix_matches_ask_each_worker_for_its_mark_once(
@@ -115,15 +117,16 @@ async def test_a_worker_registered_during_a_shared_read_is_read_before_the_answe
     await store.set_status(WORKERS[0], status("m1"))
     assert await store.worker_models() == {WORKERS[0]: "m1"}
     gate = asyncio.Event()
-    read = store._meta_field
+    scripted = store._scripted
 
-    async def held(workers: Sequence[WorkerKey], name: str) -> dict[WorkerKey, bytes | None]:
+    async def held(script: Any, calls: Sequence[tuple[list[str], list[Arg]]]) -> list[Any]:
+        replies = await scripted(script, calls)  # the states log read before W1's status
         await gate.wait()
-        return await read(workers, name)
+        return replies
 
-    monkeypatch.setattr(store, "_meta_field", held)
+    monkeypatch.setattr(store, "_scripted", held)
     expire_models(store)
-    first = asyncio.ensure_future(store.worker_models())  # its read of W0 held in flight
+    first = asyncio.ensure_future(store.worker_models())  # its refresh held in flight
     await asyncio.sleep(0)
     await store.set_status(WORKERS[1], status("m2"))
     second = asyncio.ensure_future(store.worker_models())  # joins that read

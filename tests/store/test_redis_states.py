@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
@@ -74,6 +74,36 @@ async def test_a_changed_state_reads_that_worker_again_not_every_worker(
     assert await refreshed(reader) is after, "unchanged since: the same mapping"
 
 
+async def test_a_model_another_process_changed_is_read_from_the_log(
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
+) -> None:
+    """A status of the same state on another model (a pod restarted quickly) is logged too."""
+    writer, reader = fleet
+    assert set((await reader.worker_models()).values()) == {None}
+    hgets = calls(raw, "hget")
+    await writer.set_status(WORKERS[6], WorkerStatus(state=WorkerState.LIVE, model="m2"))
+
+    await asyncio.sleep(TTL * 2)
+    models = await reader.worker_models()
+
+    assert calls(raw, "hget") - hgets == 1, "the worker the log names"
+    assert models == {**dict.fromkeys(WORKERS), WORKERS[6]: "m2"}
+
+
+async def test_a_worker_registered_since_is_read_alone(
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
+) -> None:
+    writer, reader = fleet
+    new = WorkerKey("pod-new", 0)
+    await writer.set_status(new, status(WorkerState.CONNECTING))  # a new worker's: not logged
+    hgets = calls(raw, "hget")
+
+    states = await refreshed(reader)
+
+    assert calls(raw, "hget") - hgets == 1
+    assert states == {**dict.fromkeys(WORKERS, WorkerState.LIVE), new: WorkerState.CONNECTING}
+
+
 def _older_writer(raw: redis.Redis, prefix: str) -> None:
     raw.incr(states_key(prefix))  # a writer of an earlier kvsi: its INCR, no log entry
 
@@ -82,7 +112,15 @@ def _log_trimmed(raw: redis.Redis, prefix: str) -> None:
     raw.delete(states_log_key(prefix))
 
 
-@pytest.mark.parametrize("miss", [_older_writer, _log_trimmed])
+def _counter_went_back(raw: redis.Redis, prefix: str) -> None:
+    """A failover lost the newest moves of the counter and their entries; the writes after it
+    take the counter past where the reader was."""
+    raw.decrby(states_key(prefix), 3)
+    for entry, _ in raw.xrevrange(states_log_key(prefix), count=3):
+        raw.xdel(states_log_key(prefix), entry)
+
+
+@pytest.mark.parametrize("miss", [_older_writer, _log_trimmed, _counter_went_back])
 async def test_a_move_the_log_misses_reads_every_worker_again(
     fleet: tuple[RedisStore, RedisStore],
     raw: redis.Redis,
@@ -92,13 +130,14 @@ async def test_a_move_the_log_misses_reads_every_worker_again(
     writer, reader = fleet
     await writer.set_status(WORKERS[3], status(WorkerState.DEGRADED, "gap"))
     miss(raw, prefix)
-    await writer.set_status(WORKERS[4], status(WorkerState.DEGRADED, "gap"))
+    for worker in WORKERS[4:8]:  # past the count the reader knows, whatever `miss` took
+        await writer.set_status(worker, status(WorkerState.DEGRADED, "gap"))
     hgets = calls(raw, "hget")
 
     states = await refreshed(reader)
 
     assert calls(raw, "hget") - hgets == len(WORKERS)
-    assert {w for w, s in states.items() if s is WorkerState.DEGRADED} == set(WORKERS[3:5])
+    assert {w for w, s in states.items() if s is WorkerState.DEGRADED} == set(WORKERS[3:8])
 
 
 async def test_a_reader_far_behind_reads_every_worker_again(
@@ -132,7 +171,11 @@ async def test_a_state_written_without_the_counter_is_read_within_the_bound(
     fleet: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writer, reader = fleet
-    writer._states_key = "elsewhere"  # a writer that died before its INCR
+
+    async def died(**_: object) -> None:  # a writer that died before states_log.lua
+        return None
+
+    monkeypatch.setattr(writer, "_states_log_script", died)
 
     await writer.set_status(WORKERS[0], status(WorkerState.DISCONNECTED))
     assert (await refreshed(reader))[WORKERS[0]] is WorkerState.LIVE, "trusted for now"
@@ -171,9 +214,80 @@ async def test_on_a_cluster_a_changed_state_is_read_from_the_log(
     async def counted() -> None:
         read_every_worker.append(1)
 
-    monkeypatch.setattr(reader, "_read_states", counted)
+    monkeypatch.setattr(reader, "_read_field", counted)
 
     states = await refreshed(reader)
 
     assert read_every_worker == []
     assert {w for w, s in states.items() if s is not WorkerState.LIVE} == {WORKERS[2]}
+
+
+async def test_a_worker_logged_then_removed_costs_no_read_per_request(
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
+) -> None:
+    writer, reader = fleet
+    await writer.set_status(WORKERS[0], status(WorkerState.DISCONNECTED))
+    await writer.remove_worker(WORKERS[0])
+    reader._states.expire()  # the states due, the reader's registry not
+    hgets = calls(raw, "hget")
+
+    answers = [await reader.worker_states() for _ in range(10)]
+
+    assert calls(raw, "hget") - hgets == 1, "the logged worker, found gone once"
+    assert set(answers[0]) == set(WORKERS[1:])
+    assert all(a is answers[0] for a in answers)
+
+
+async def test_a_worker_logged_before_this_process_knows_it_leaves_the_mapping_as_it_was(
+    fleet: tuple[RedisStore, RedisStore],
+) -> None:
+    writer, reader = fleet
+    before = await reader.worker_states()
+    await writer.set_status(WorkerKey("pod-new", 0), status(WorkerState.LIVE))
+    reader._states.expire()  # the states due, the reader's registry not
+
+    answers = [await reader.worker_states() for _ in range(3)]
+
+    assert all(a is before for a in answers), "the new worker waits for the registry read"
+
+
+async def test_a_refresh_overtaken_by_a_read_of_every_worker_leaves_its_result(
+    fleet: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of every worker that began before a change and ends after a refresh that saw
+    it puts back its older states and count; a refresh in flight meanwhile must not put its
+    newer count on them (the change would be hidden until the next read of every worker)."""
+    writer, reader = fleet
+    cache = reader._states
+    read = reader._meta_field
+    full_read, full_go = asyncio.Event(), asyncio.Event()
+    one_read, one_go = asyncio.Event(), asyncio.Event()
+
+    async def held(workers: Sequence[WorkerKey], name: str) -> dict[WorkerKey, bytes | None]:
+        out = await read(workers, name)
+        if len(workers) > 1:
+            full_read.set()
+            await full_go.wait()
+        elif len(workers) == 1 and workers[0] == WORKERS[7]:
+            one_read.set()
+            await one_go.wait()
+        return out
+
+    monkeypatch.setattr(reader, "_meta_field", held)
+    full = asyncio.ensure_future(reader._read_field(cache))
+    await full_read.wait()  # it read WORKERS[3] live
+    await writer.set_status(WORKERS[3], status(WorkerState.DISCONNECTED))
+    await reader._refresh_field(cache)
+    assert cache.values[WORKERS[3]] is WorkerState.DISCONNECTED
+    await writer.set_status(WORKERS[7], status(WorkerState.DISCONNECTED))
+    second = asyncio.ensure_future(reader._refresh_field(cache))
+    await one_read.wait()
+    full_go.set()
+    await full  # its older states and count
+    one_go.set()
+    await second
+
+    await reader._refresh_field(cache)
+
+    assert cache.values[WORKERS[3]] is WorkerState.DISCONNECTED
+    assert cache.values[WORKERS[7]] is WorkerState.DISCONNECTED

@@ -9,8 +9,9 @@
 -- ARGV[13]   the writer's roster epoch, or "" (unfenced): a status of an older epoch than
 --            the meta's `sepoch` (the last fenced one) is refused, nothing written
 -- An absent state reads as "connecting" with an empty detail, as a new worker's status.
--- Returns 1 if the record was added, 0 if not, -1 if the status was refused.
-local old = redis.call('HMGET', KEYS[1], 'state', 'detail', 'sepoch')
+-- Returns 1 if the record was added, 2 if not but the model changed, 0 if neither, -1 if
+-- the status was refused.
+local old = redis.call('HMGET', KEYS[1], 'state', 'detail', 'sepoch', 'model')
 if ARGV[13] ~= '' then
   local epoch = tonumber(ARGV[13])
   if old[3] and epoch < tonumber(old[3]) then
@@ -27,6 +28,9 @@ else
   redis.call('HSET', KEYS[1], 'model', ARGV[7])
 end
 if state == ARGV[1] and detail == ARGV[3] then
+  if (old[4] or '') ~= ARGV[7] then
+    return 2
+  end
   return 0
 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'r', ARGV[6])
