@@ -21,6 +21,44 @@ from kvsi.store.redis.layout import parse_worker
 T = TypeVar("T")
 
 
+class KnownWorkers:
+    """The registry as this process knows it: the workers, the same in order (sorted again
+    only after a change) and a version that moves with every change, so a read's per-worker
+    caches are checked once per change, not once per request."""
+
+    def __init__(self, workers: Iterable[WorkerKey] = ()) -> None:
+        self._workers = set(workers)
+        self._ordered: tuple[WorkerKey, ...] | None = None
+        self.version = 0
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self._workers
+
+    def add(self, worker: WorkerKey) -> None:
+        if worker not in self._workers:
+            self._workers.add(worker)
+            self._changed()
+
+    def discard(self, worker: WorkerKey) -> None:
+        if worker in self._workers:
+            self._workers.discard(worker)
+            self._changed()
+
+    def replace(self, workers: set[WorkerKey]) -> None:
+        if workers != self._workers:
+            self._workers = workers
+            self._changed()
+
+    def ordered(self) -> tuple[WorkerKey, ...]:
+        if self._ordered is None:
+            self._ordered = tuple(sorted(self._workers))
+        return self._ordered
+
+    def _changed(self) -> None:
+        self._ordered = None
+        self.version += 1
+
+
 class FieldCache(Generic[T]):
     """One meta field of every registered worker, as this reader last read it.
 
@@ -47,17 +85,17 @@ class FieldCache(Generic[T]):
     def due(self, now: float, ttl: float) -> bool:
         return now - self.at >= ttl
 
-    def covers(self, version: int, workers: Sequence[WorkerKey]) -> bool:
+    def covers(self, registry: KnownWorkers) -> bool:
         """Whether every registered worker has a value: checked once per registry change."""
-        if version == self._covered:
+        if registry.version == self._covered:
             return True
-        if all(map(self.values.__contains__, workers)):
-            self._covered = version
+        if all(map(self.values.__contains__, registry.ordered())):
+            self._covered = registry.version
             return True
         return False
 
-    def missing(self, workers: Iterable[WorkerKey]) -> list[WorkerKey]:
-        return [w for w in workers if w not in self.values]
+    def missing(self, registry: KnownWorkers) -> list[WorkerKey]:
+        return [w for w in registry.ordered() if w not in self.values]
 
     def keep(self, values: Mapping[WorkerKey, T], at: float) -> None:
         """The values read at `at` (the same mapping object as before if they are the same)."""
@@ -82,16 +120,15 @@ class FieldCache(Generic[T]):
         """Due at the next read (this process wrote a value another may not know yet)."""
         self.at = -math.inf
 
-    def registered(self, version: int, workers: Sequence[WorkerKey]) -> Mapping[WorkerKey, T]:
-        """The values of the registered `workers` (at registry `version`): `values` itself
-        once it covers them, the workers gone since left out of it once (so callers get the
-        same mapping again)."""
-        if not self.covers(version, workers):
-            return {w: self.values[w] for w in workers if w in self.values}
-        if len(self.values) != len(workers):
-            values = self.values
+    def registered(self, registry: KnownWorkers) -> Mapping[WorkerKey, T]:
+        """The values of the registered workers: `values` itself once it covers them, the
+        workers gone since left out of it once (so callers get the same mapping again)."""
+        values, workers = self.values, registry.ordered()
+        if not self.covers(registry):
+            return {w: values[w] for w in workers if w in values}
+        if len(values) != len(workers):
             self.keep({w: values[w] for w in workers}, self.at)
-            self._covered = version
+            self._covered = registry.version
         return self.values
 
     @property
@@ -125,7 +162,7 @@ def read_log(reply: Sequence[Any], count: int | None, entry: bytes | None) -> Lo
     if entry is None:  # nothing to check the log against: trusted while the counter stays
         return Logged(counter, newest, [] if counter == count else None)
     counts = [n for _, (n, _) in entries]
-    if counts != list(range(counter, count - 1, -1)) or entries[-1][0] != entry:
+    if not entries or counts != list(range(counter, count - 1, -1)) or entries[-1][0] != entry:
         return Logged(counter, newest, None)
     return Logged(counter, newest, sorted({w for _, (_, w) in entries[:-1]}))
 

@@ -8,6 +8,7 @@ each), and never SCAN the keyspace. Layout: store/README.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import (
@@ -52,7 +53,7 @@ from kvsi.store.paging import (
     page_sessions,
 )
 from kvsi.store.redis.feed import FeedPump, stream_ends
-from kvsi.store.redis.field_cache import FieldCache, read_log
+from kvsi.store.redis.field_cache import FieldCache, KnownWorkers, read_log
 from kvsi.store.redis.layout import (
     LOSS_FIELDS,
     META_FENCE,
@@ -322,44 +323,6 @@ class SharedCall:
         self._running = None
         if not task.cancelled():
             task.exception()  # retrieved here too: every waiter may have been cancelled
-
-
-class KnownWorkers:
-    """The registry as this process knows it: the workers, the same in order (sorted again
-    only after a change) and a version that moves with every change, so a read's per-worker
-    caches are checked once per change, not once per request."""
-
-    def __init__(self, workers: Iterable[WorkerKey] = ()) -> None:
-        self._workers = set(workers)
-        self._ordered: tuple[WorkerKey, ...] | None = None
-        self.version = 0
-
-    def __contains__(self, worker: object) -> bool:
-        return worker in self._workers
-
-    def add(self, worker: WorkerKey) -> None:
-        if worker not in self._workers:
-            self._workers.add(worker)
-            self._changed()
-
-    def discard(self, worker: WorkerKey) -> None:
-        if worker in self._workers:
-            self._workers.discard(worker)
-            self._changed()
-
-    def replace(self, workers: set[WorkerKey]) -> None:
-        if workers != self._workers:
-            self._workers = workers
-            self._changed()
-
-    def ordered(self) -> tuple[WorkerKey, ...]:
-        if self._ordered is None:
-            self._ordered = tuple(sorted(self._workers))
-        return self._ordered
-
-    def _changed(self) -> None:
-        self._ordered = None
-        self.version += 1
 
 
 class RedisReader:
@@ -907,16 +870,14 @@ class RedisReader:
         passed or a worker registered since (`_refresh_field`, shared by the callers in
         flight; with a `registry_ttl` of 0, every worker's value read by each caller)."""
         registry = await self._known_workers()
-        workers = registry.ordered()
-        if cache.due(time.monotonic(), self._registry_ttl) or not cache.covers(
-            registry.version, workers
-        ):
-            await self._due(refresh, lambda: self._read_field(cache))
+        if cache.due(time.monotonic(), self._registry_ttl) or not cache.covers(registry):
+            read = functools.partial(self._read_field, cache)
+            await self._due(refresh, read)
             registry = await self._known_workers()
-            workers = registry.ordered()
-            if not cache.covers(registry.version, workers):
-                await self._refresh_field(cache)  # registered after the shared read began
-        return cache.registered(registry.version, workers)
+            if not cache.covers(registry):  # registered after the shared read began
+                await self._due(refresh, read)
+                registry = await self._known_workers()
+        return cache.registered(registry)
 
     async def _due(self, shared: SharedCall, read: Callable[[], Awaitable[None]]) -> None:
         """A cache's read, due: shared by the callers in flight while reads are cached
@@ -941,7 +902,7 @@ class RedisReader:
             return await self._read_field(cache)
         registry = await self._known_workers()
         named = (w for w in logged.workers if w in registry)
-        todo = sorted({*named, *cache.missing(registry.ordered())})
+        todo = sorted({*named, *cache.missing(registry)})
         found = await self._meta_field(todo, cache.field) if todo else {}
         if cache.up_to != up_to:  # overtaken by another read (see `FieldCache.up_to`)
             return

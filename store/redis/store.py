@@ -638,15 +638,19 @@ class RedisStore(RedisReader, RedisInstances):
             self._registry.add(worker)
         if changed == -1:
             return False
-        self._model_written(worker, status.model)
         if changed == 1:
             self._feed_written(worker)
         if changed:  # after the status: a reader that sees the count reads the new status
-            await self._states_log_script(
-                keys=[self._states_key, self._states_log],
-                args=[worker_member(worker), STATES_LOG_LENGTH],
-            )
+            await self._log_status(worker)
+        self._model_written(worker, status.model)  # after the log: a refresh then reads it
         return True
+
+    async def _log_status(self, worker: WorkerKey) -> None:
+        """states_log.lua: the worker's status (state, detail, model) changed."""
+        await self._states_log_script(
+            keys=[self._states_key, self._states_log],
+            args=[worker_member(worker), STATES_LOG_LENGTH],
+        )
 
     async def mark_unconfirmed(self, worker: WorkerKey) -> int:
         """SUNIONSTORE of each part's sets into its unconfirmed set, in Redis; the mirror

@@ -4,7 +4,7 @@ the cache's own bookkeeping, without Redis: states_since.lua's replies written o
 from __future__ import annotations
 
 from kvsi.store.model import WorkerKey, WorkerState
-from kvsi.store.redis.field_cache import FieldCache, read_log
+from kvsi.store.redis.field_cache import FieldCache, KnownWorkers, read_log
 
 A, B, C = (WorkerKey(f"pod-{n}", 0) for n in "abc")
 
@@ -33,7 +33,9 @@ def test_a_log_that_cannot_tell_every_move_names_none() -> None:
     went_back = [5, [entry("12-0", 5, A), entry("11-0", 4, B)]]  # count 4 is another entry now
     unlogged = [6, [entry("7-0", 5, A), entry("5-0", 4, C)]]  # an INCR without its entry
     behind = [300, []]  # states_since.lua sends none
-    for reply in (gap, trimmed, went_back, unlogged, behind):
+    below = [3, []]  # the counter went back below the count: none either
+    restarted = [0, []]  # a Redis back empty
+    for reply in (gap, trimmed, went_back, unlogged, behind, below, restarted):
         assert read_log(reply, *known).workers is None, reply
 
 
@@ -52,12 +54,14 @@ def test_a_read_of_every_worker_keeps_the_newest_entry_if_it_is_the_counters() -
 def test_the_values_of_the_registered_workers_are_one_mapping_until_they_change() -> None:
     cache: FieldCache[WorkerState] = FieldCache("state", lambda raw: WorkerState(raw.decode()))
     cache.keep({A: WorkerState.LIVE, B: WorkerState.LIVE, C: WorkerState.LIVE}, 1.0)
+    registry = KnownWorkers([A, B])
 
-    first = cache.registered(1, [A, B])  # C gone since: left out, once
-    again = cache.registered(1, [A, B])
+    first = cache.registered(registry)  # C gone since: left out, once
+    again = cache.registered(registry)
     cache.keep({A: WorkerState.LIVE, B: WorkerState.LIVE}, 2.0)
 
     assert first == {A: WorkerState.LIVE, B: WorkerState.LIVE}
-    assert again is first and cache.registered(1, [A, B]) is first
-    assert cache.registered(2, [A, B, C]) == first, "C not read yet: the others"
-    assert not cache.covers(2, [A, B, C])
+    assert again is first and cache.registered(registry) is first
+    registry.add(C)
+    assert cache.registered(registry) == first, "C not read yet: the others"
+    assert not cache.covers(registry) and cache.missing(registry) == [C]

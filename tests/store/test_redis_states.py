@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -17,6 +18,7 @@ from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis import reads as reads_module
 from kvsi.store.redis.layout import states_key, states_log_key
+from kvsi.store.redis.node_reads import Command
 from tests.redis_servers import RedisClusterServers
 from tests.store.commandstats import calls
 from tests.store.conftest import MakeStore
@@ -222,10 +224,18 @@ async def test_on_a_cluster_a_changed_state_is_read_from_the_log(
     assert {w for w, s in states.items() if s is not WorkerState.LIVE} == {WORKERS[2]}
 
 
+async def _slow_reader(make_store: MakeStore) -> RedisStore:
+    """A reader whose registry stays as read for the test (its states expired by hand)."""
+    reader = await make_store(registry_ttl="3600")
+    await reader.worker_states()
+    return reader
+
+
 async def test_a_worker_logged_then_removed_costs_no_read_per_request(
-    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis
+    fleet: tuple[RedisStore, RedisStore], raw: redis.Redis, make_store: MakeStore
 ) -> None:
-    writer, reader = fleet
+    writer, _ = fleet
+    reader = await _slow_reader(make_store)
     await writer.set_status(WORKERS[0], status(WorkerState.DISCONNECTED))
     await writer.remove_worker(WORKERS[0])
     reader._states.expire()  # the states due, the reader's registry not
@@ -239,9 +249,10 @@ async def test_a_worker_logged_then_removed_costs_no_read_per_request(
 
 
 async def test_a_worker_logged_before_this_process_knows_it_leaves_the_mapping_as_it_was(
-    fleet: tuple[RedisStore, RedisStore],
+    fleet: tuple[RedisStore, RedisStore], make_store: MakeStore
 ) -> None:
-    writer, reader = fleet
+    writer, _ = fleet
+    reader = await _slow_reader(make_store)
     before = await reader.worker_states()
     await writer.set_status(WorkerKey("pod-new", 0), status(WorkerState.LIVE))
     reader._states.expire()  # the states due, the reader's registry not
@@ -291,3 +302,31 @@ async def test_a_refresh_overtaken_by_a_read_of_every_worker_leaves_its_result(
 
     assert cache.values[WORKERS[3]] is WorkerState.DISCONNECTED
     assert cache.values[WORKERS[7]] is WorkerState.DISCONNECTED
+
+
+async def test_a_listing_overtaken_by_a_refresh_leaves_its_states(
+    fleet: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing that read a worker's meta before its change must not put its older state on
+    the count a refresh reached meanwhile."""
+    writer, reader = fleet
+    rounds = reader._rounds
+    listed, go = asyncio.Event(), asyncio.Event()
+
+    async def held(commands: Sequence[Command], per_round: int) -> AsyncIterator[Any]:
+        first = not listed.is_set()  # the listing's: the refresh's own rounds go on
+        async for part, replies in rounds(commands, per_round):
+            if first:
+                listed.set()
+                await go.wait()
+            yield part, replies
+
+    monkeypatch.setattr(reader, "_rounds", held)
+    listing = asyncio.ensure_future(reader.list_workers())
+    await listed.wait()  # it read WORKERS[3] live
+    await writer.set_status(WORKERS[3], status(WorkerState.DISCONNECTED))
+    await reader._refresh_field(reader._states)
+    go.set()
+    await listing
+
+    assert (await reader.worker_states())[WORKERS[3]] is WorkerState.DISCONNECTED
