@@ -53,7 +53,7 @@ from kvsi.store.paging import (
     page_sessions,
 )
 from kvsi.store.redis.feed import FeedPump, stream_ends
-from kvsi.store.redis.field_cache import FieldCache, KnownWorkers, read_log
+from kvsi.store.redis.field_cache import FieldCache, KnownWorkers, Logged, read_log
 from kvsi.store.redis.layout import (
     LOSS_FIELDS,
     META_FENCE,
@@ -114,8 +114,8 @@ STATES_LOG_LENGTH = 1_000
 fleet's changes in a few `registry_ttl`s."""
 
 STATES_READ_SECONDS = 30.0
-"""Longest a reader trusts the states counter alone: every worker's state is read again at
-least this often (a writer that died between a status and the counter's INCR)."""
+"""Longest a reader trusts the states log alone: every worker's state and model are read
+again at least this often (a writer that died between a status and its log entry)."""
 
 Place = tuple[float, str]
 """A session's place in the listing: (-last_seen, session id), ascending."""
@@ -897,7 +897,7 @@ class RedisReader:
         if started - cache.read_at >= STATES_READ_SECONDS:
             return await self._read_field(cache)
         up_to = cache.up_to
-        logged = read_log(await self._states_since(str(cache.counter)), *up_to)
+        logged = await self._states_since(up_to)
         if logged.workers is None:
             return await self._read_field(cache)
         registry = await self._known_workers()
@@ -916,18 +916,20 @@ class RedisReader:
         """Every registered worker's field read again, after the states counter and the log's
         newest entry (a change after them moves the counter again)."""
         started = time.monotonic()
-        logged = read_log(await self._states_since(""), None, None)
+        logged = await self._states_since(None)
         found = await self._meta_field(await self._known(), cache.field)
         cache.keep({w: cache.parse(value) for w, value in found.items()}, started)
         cache.logged(logged)
         cache.read_at = started
 
-    async def _states_since(self, count: str) -> Any:
-        """states_since.lua's reply for a cache up to `count` ("": for a read of every worker)."""
-        args: list[Arg] = [count, STATES_LOG_READ]
+    async def _states_since(self, up_to: tuple[int, bytes | None] | None) -> Logged:
+        """states_since.lua, read (`read_log`) for a cache up to (count, its log entry), or
+        for a read of every worker (None)."""
+        count, entry = up_to if up_to is not None else (None, None)
+        args: list[Arg] = ["" if count is None else count, STATES_LOG_READ]
         call = ([self._states_key, self._states_log], args)
         (reply,) = await self._scripted(self._states_since_script, [call])
-        return reply
+        return read_log(reply, count, entry)
 
     async def match_prefix(
         self, hashes: list[Hash], workers: list[WorkerKey] | None
