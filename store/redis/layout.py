@@ -175,8 +175,7 @@ class WorkerKeys:
         return [f"{head}{b}" for b in range(BUCKETS)]
 
     def entry_base(self, pid: int) -> str:
-        """What the part's entry-index bucket keys start with (then the bucket number): the
-        writer's plan names a bucket from it and a member (`redis.plan.Plan.seal`)."""
+        """What the part's entry-index bucket keys start with (then the bucket number)."""
         return f"{self.base}e:{pid}:"
 
     def unconfirmed(self, pid: int) -> str:
@@ -318,15 +317,15 @@ def instances_key(prefix: str) -> str:
 class RedisPart(Part):
     """A core part with the names of its Redis keys, built once."""
 
-    __slots__ = ("entry_base", "entry_keys", "orphans_key", "unconfirmed_key")
+    __slots__ = ("entry_keys", "orphans_key", "unconfirmed_key")
 
     def __init__(self, keys: WorkerKeys, pid: int, medium: str, group: int) -> None:
         super().__init__(pid, medium, group)
         self.orphans_key = keys.orphans(pid)
         self.unconfirmed_key = keys.unconfirmed(pid)
         self.entry_keys = keys.entries(pid)
-        """The entry index's bucket keys, by `bucket(h)`."""
-        self.entry_base = keys.entry_base(pid)
+        """The entry index's bucket keys, by `bucket(h)`: the writer's plan names a member's
+        bucket key from them (`redis.plan.Plan.index`)."""
 
 
 class MirrorResidency(Residency):

@@ -261,7 +261,7 @@ class Mirror:
             self._link_in(plan, fields)
         if res is None:
             if added:
-                plan.set_indexed(part.orphans_key, part.entry_base, added, into=True)
+                plan.set_indexed(part.orphans_key, part.entry_keys, added, into=True)
             return
         if res.last_store == ts:
             res.last_store_text = text
@@ -275,9 +275,9 @@ class Mirror:
             held = member_texts(added)
             plan.call(SADD, key, held)
             if len(fresh) == len(added):  # all new to the worker: the common case
-                plan.index(part.entry_base, added, held, into=True)
+                plan.index(part.entry_keys, added, held, into=True)
             elif fresh:
-                plan.index(part.entry_base, fresh, member_texts(fresh), into=True)
+                plan.index(part.entry_keys, fresh, member_texts(fresh), into=True)
 
     def _link_in(self, plan: Plan, fields: StoredFields) -> None:
         """Dynamo's edges a store adds (store/tokens.py), into the worker's edge hash."""
@@ -306,10 +306,10 @@ class Mirror:
         blocks of many sessions) goes in one REMOVE1 op with the others (two args each)."""
         out = self.index.remove(part, hashes, lost=True)
         self._unlink_in(plan, out.unlinked)
-        base = part.entry_base
+        index = part.entry_keys
         orphans = out.orphans()
         if orphans:
-            plan.set_indexed(part.orphans_key, base, orphans, into=False)
+            plan.set_indexed(part.orphans_key, index, orphans, into=False)
         sessions = out.sessions()
         if not sessions:
             return
@@ -324,10 +324,10 @@ class Mirror:
                 single_keys.append(key)
                 singles.append(group[0])
             else:
-                plan.set_indexed(key, base, group, into=False)
+                plan.set_indexed(key, index, group, into=False)
             touched[sid] = res
         if singles:
-            plan.remove1(single_keys, singles, base)
+            plan.remove1(single_keys, singles, index)
 
     def _clear_in(self, plan: Plan, touched: dict[str, MirrorResidency]) -> None:
         emptied = self.index.clear()

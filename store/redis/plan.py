@@ -10,7 +10,7 @@ REMOVE1 the next `count` KEYS entries and `count` args, one each. Two header arg
 not four: every argument costs Redis a Lua string and the client a packing.
 
 The entry index (each part's bucket sets, store/README.md) is written here too, as plain
-SADDs and SREMs of whole buckets: the plan keeps each member's last change per part and
+SADDs and SREMs of whole buckets: the plan keeps each member's last change per bucket and
 writes every touched bucket once, when the call is sealed (`seal`, just before it is sent)
 or before a DEL (which may delete buckets). A run of batches in one call thus writes each
 bucket with one SREM and one SADD, whatever its batches store and evict (again after each
@@ -69,6 +69,17 @@ COMMANDS: Final = {
 """The command of each code but REMOVE1 (apply.lua's CMD table; a transaction's commands)."""
 
 
+class _Buckets:
+    """One part's entry-index changes not yet written: per bucket, each member's last
+    change (True: in, False: out), kept per bucket so that sealing writes each as it is."""
+
+    __slots__ = ("keys", "marks")
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.marks: list[dict[Text, bool] | None] = [None] * len(keys)
+
+
 class Plan:
     """KEYS (meta and version log first, for the guard) and ARGV ops for one apply.lua call."""
 
@@ -77,9 +88,9 @@ class Plan:
     def __init__(self, keys: WorkerKeys) -> None:
         self.keys: list[str] = [keys.meta, keys.vlog]
         self.ops: list[Arg] = []
-        self._marks: dict[str, dict[Text, int]] = {}
-        """Per part's entry base, each member's last change not yet written: its bucket
-        times two, plus one if in (zero if out)."""
+        self._marks: dict[str, _Buckets] = {}
+        """Per part's entry index (named by its first bucket's key), each member's last
+        change not yet written."""
 
     def call(self, code: str, key: str, args: Sequence[Arg], lead: Sequence[Arg] = ()) -> None:
         """One command on one key; long arg lists split into several (each with `lead` first).
@@ -98,35 +109,39 @@ class Plan:
         for start in range(0, len(args), MAX_ARGS):
             self.call(code, key, args[start : start + MAX_ARGS], lead)
 
-    def index(self, base: str, hashes: list[Hash], texts: list[Text], *, into: bool) -> None:
-        """`hashes` (as `texts`, their `member_texts`) into (or out of) the entry index of
-        the part `base` names (`WorkerKeys.entry_base`): written per bucket when the call is
+    def index(self, keys: list[str], hashes: list[Hash], texts: list[Text], *, into: bool) -> None:
+        """`hashes` (as `texts`, their `member_texts`) into (or out of) the entry index whose
+        bucket keys are `keys` (`RedisPart.entry_keys`): written per bucket when the call is
         sealed."""
-        marks = self._marks.get(base)
-        if marks is None:
-            marks = self._marks[base] = {}
-        flag = 1 if into else 0
+        buckets = self._marks.get(keys[0])
+        if buckets is None:
+            buckets = self._marks[keys[0]] = _Buckets(keys)
+        marked = buckets.marks
         for i, text in enumerate(texts):
-            marks[text] = bucket(hashes[i]) << 1 | flag
+            b = bucket(hashes[i])
+            mark = marked[b]
+            if mark is None:
+                mark = marked[b] = {}
+            mark[text] = into
 
-    def set_indexed(self, key: str, base: str, hashes: list[Hash], *, into: bool) -> None:
+    def set_indexed(self, key: str, index: list[str], hashes: list[Hash], *, into: bool) -> None:
         """`hashes` into (SADD) or out of (SREM) the set `key` and, the same way, the entry
-        index of the part `base` names: the orphan and holder sets' changes, indexed."""
+        index whose bucket keys are `index`: the orphan and holder sets' changes, indexed."""
         texts = member_texts(hashes)
         self.call(SADD if into else SREM, key, texts)
-        self.index(base, hashes, texts, into=into)
+        self.index(index, hashes, texts, into=into)
 
-    def remove1(self, keys: Sequence[str], hashes: list[Hash], base: str) -> None:
+    def remove1(self, keys: Sequence[str], hashes: list[Hash], index: list[str]) -> None:
         """REMOVE1: one of `hashes` out of each of `keys`, two args per key, not four
         (apply.lua runs them one by one, no `unpack`: any count fits in one op), and all of
-        them out of the entry index of the part `base` names."""
+        them out of the entry index whose bucket keys are `index`."""
         texts = member_texts(hashes)
         ops = self.ops
         ops.append(REMOVE1)
         ops.append(len(keys))
         ops += texts
         self.keys += keys
-        self.index(base, hashes, texts, into=False)
+        self.index(index, hashes, texts, into=False)
 
     def seal(self) -> None:
         """Write the entry-index changes still held: the plan is about to be sent."""
@@ -134,20 +149,19 @@ class Plan:
 
     def _write_marks(self) -> None:
         """Each touched bucket's members out, then in: one SREM and one SADD at most."""
-        for base, marks in self._marks.items():
-            buckets: dict[int, tuple[list[Arg], list[Arg]]] = {}
-            for text, mark in marks.items():
-                b = mark >> 1
-                group = buckets.get(b)
-                if group is None:
-                    group = buckets[b] = ([], [])
-                (group[1] if mark & 1 else group[0]).append(text)
-            for b, (out, added) in buckets.items():
-                key = f"{base}{b}"
+        for buckets in self._marks.values():
+            keys = buckets.keys
+            for b, mark in enumerate(buckets.marks):
+                if mark is None:
+                    continue
+                out: list[Arg] = []
+                added: list[Arg] = []
+                for text, into in mark.items():
+                    (added if into else out).append(text)
                 if out:
-                    self.call(SREM, key, out)
+                    self.call(SREM, keys[b], out)
                 if added:
-                    self.call(SADD, key, added)
+                    self.call(SADD, keys[b], added)
         self._marks = {}
 
     def delete(self, keys: Sequence[str]) -> None:
