@@ -144,7 +144,7 @@ class _Packer(_Out):
     __slots__ = ("_last_float", "_last_text", "_out", "_parts")
 
     def __init__(self) -> None:
-        self._out = bytearray()
+        self._out: list[bytes] = []
         self._parts: list[str] = []
         self._last_float = math.nan  # equal to nothing
         self._last_text = ""
@@ -202,7 +202,7 @@ class _Packer(_Out):
         parts.append(f"${len(a)}")
         parts.append("")
         self._flush()
-        self._out += a
+        self._out.append(a)
         self._parts = [""]
 
     def _flush(self) -> None:
@@ -210,12 +210,12 @@ class _Packer(_Out):
         data = text.encode()
         if len(data) != len(text):
             raise _IrregularError
-        self._out += data
+        self._out.append(data)
 
     def done(self) -> bytes:
         self._parts.append("")
         self._flush()
-        return bytes(self._out)
+        return b"".join(self._out)
 
 
 class _PlainPacker(_Out):
