@@ -53,7 +53,8 @@ from kvsi.store.paging import (
     page_sessions,
 )
 from kvsi.store.redis.feed import FeedPump, stream_ends
-from kvsi.store.redis.field_cache import FieldCache, KnownWorkers, Logged, read_log
+from kvsi.store.redis.field_cache import FieldCache, Logged, read_log
+from kvsi.store.redis.known_workers import KnownWorkers
 from kvsi.store.redis.layout import (
     LOSS_FIELDS,
     META_FENCE,

@@ -4,7 +4,8 @@ the cache's own bookkeeping, without Redis: states_since.lua's replies written o
 from __future__ import annotations
 
 from kvsi.store.model import WorkerKey, WorkerState
-from kvsi.store.redis.field_cache import FieldCache, KnownWorkers, read_log
+from kvsi.store.redis.field_cache import FieldCache, read_log
+from kvsi.store.redis.known_workers import KnownWorkers
 
 A, B, C = (WorkerKey(f"pod-{n}", 0) for n in "abc")
 
