@@ -32,6 +32,7 @@ from directory_reads import server_totals
 from fleet_latency import servers
 
 from kvsi.janitor import _gone
+from kvsi.loops import share_the_interpreter
 from kvsi.serve import refresh_index_metrics
 from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from kvsi.store.redis import RedisStore
@@ -168,6 +169,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=4, help="sessions per worker")
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--ttl", type=float, default=0.2, help="the reader's registry_ttl (s)")
+    share_the_interpreter()  # as `kvsi serve` does
     asyncio.run(main_async(parser.parse_args()))
 
 

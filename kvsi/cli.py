@@ -20,7 +20,7 @@ import typer
 from kvsi import tracing
 from kvsi.errors import StartupError
 from kvsi.logs import configure_logging
-from kvsi.loops import LoopFactory, loop_factory
+from kvsi.loops import LoopFactory, loop_factory, share_the_interpreter
 from kvsi.settings import load_settings, unknown_variables
 from kvsi.version import core_build, package_version
 
@@ -235,6 +235,7 @@ def serve(
         configure_logging(settings.log_level, settings.log_format)
         warn_unknown_variables()
         factory = loop_factory(settings.event_loop)
+        share_the_interpreter()
         tracing.configure()  # before the apps are built: they add a span middleware if on
         from kvsi.serve import run_service
 

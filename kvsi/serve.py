@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -94,6 +95,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         ingest=settings.ingest,
         api=settings.api,
         event_loop=loop_name(),
+        thread_switch_seconds=sys.getswitchinterval(),
     )
     if build["core"] != "native":
         log.warning(

@@ -1,6 +1,7 @@
 """The `event_loop` setting, on real `kvsi serve` processes: uvloop by default, asyncio when
-asked or where uvloop is not installed, named in the start line; uvloop asked for where it
-is not installed is one line and exit code 2."""
+asked or where uvloop is not installed, named in the start line with how long a thread
+beside it may hold the GIL; uvloop asked for where it is not installed is one line and exit
+code 2."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsi.cli import run_until_signalled
-from kvsi.loops import loop_factory, loop_name
+from kvsi.loops import THREAD_SWITCH_SECONDS, loop_factory, loop_name
 from kvsi.simulator.fleet import SimulatedFleet
 from tests.e2e.services import services
 from tests.kvsi.test_cli_errors import assert_one_line, run
@@ -59,6 +60,7 @@ async def test_serve_runs_on_the_loop_it_names(env: dict[str, str], loop: str) -
             lines = [json.loads(line) for line in service.output().splitlines() if line[:1] == "{"]
     (start,) = [line for line in lines if line.get("event") == "serve.start"]
     assert start["event_loop"] == loop, start
+    assert start["thread_switch_seconds"] == pytest.approx(THREAD_SWITCH_SECONDS), start
 
 
 def test_uvloop_asked_for_where_it_is_not_installed_is_one_line() -> None:
