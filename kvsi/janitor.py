@@ -68,6 +68,11 @@ async def sweep(
 
 
 async def _gone(store: IndexStore, disconnected_before: float) -> list[WorkerKey]:
+    """The workers disconnected since before `disconnected_before`. Listed (every worker's
+    meta read: O(workers) on a shared store) only when some worker's state reads
+    disconnected in the states every route reads, which a shared store keeps cached."""
+    if WorkerState.DISCONNECTED not in (await store.worker_states()).values():
+        return []
     return [
         WorkerKey(w.pod, w.dp_rank)
         for w in await store.list_workers()

@@ -1,7 +1,7 @@
 """The event loop a service runs on: the `event_loop` setting's choice, its name, and how long
 a thread beside it may hold the interpreter.
 
-Imports asyncio (and uvloop, where chosen) only.
+Imports asyncio, sys (and uvloop, where chosen) only.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 THREAD_SWITCH_SECONDS: Final = 0.001
 """How long a thread may keep the GIL while the event loop waits for it. The service hands
 O(workers) CPU work to threads so that the loop keeps serving (the index gauges' build,
-`/metrics`' rendering, Dynamo's token hashing); at CPython's default (5 ms) each such thread
-still stops the loop for 5 ms at a time (bench/README.md, api_background.py)."""
+`/metrics`' rendering, Dynamo's token hashing); at CPython's default interval each such
+thread still stops the loop for up to a whole interval at a time (bench/README.md,
+api_background.py)."""
 
 
 def share_the_interpreter() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,15 @@ def pytest_configure(config: pytest.Config) -> None:
 Serve = Callable[..., Awaitable[int]]
 """`serve` fixture: `await serve(app, **config)`, the port of `app` served by uvicorn with
 `config` (uvicorn.Config options)."""
+
+
+@pytest.fixture(autouse=True)
+def switch_interval() -> Iterator[None]:
+    """The interpreter's thread switch interval as each test found it: `kvsi serve`'s CLI,
+    invoked in process by some tests, sets it process-wide (`kvsi.loops`)."""
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
 
 
 @pytest.fixture

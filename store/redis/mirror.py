@@ -306,10 +306,10 @@ class Mirror:
         blocks of many sessions) goes in one REMOVE1 op with the others (two args each)."""
         out = self.index.remove(part, hashes, lost=True)
         self._unlink_in(plan, out.unlinked)
-        index = part.entry_keys
+        entry_keys = part.entry_keys
         orphans = out.orphans()
         if orphans:
-            plan.set_indexed(part.orphans_key, index, orphans, into=False)
+            plan.set_indexed(part.orphans_key, entry_keys, orphans, into=False)
         sessions = out.sessions()
         if not sessions:
             return
@@ -324,10 +324,10 @@ class Mirror:
                 single_keys.append(key)
                 singles.append(group[0])
             else:
-                plan.set_indexed(key, index, group, into=False)
+                plan.set_indexed(key, entry_keys, group, into=False)
             touched[sid] = res
         if singles:
-            plan.remove1(single_keys, singles, index)
+            plan.remove1(single_keys, singles, entry_keys)
 
     def _clear_in(self, plan: Plan, touched: dict[str, MirrorResidency]) -> None:
         emptied = self.index.clear()

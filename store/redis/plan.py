@@ -109,39 +109,44 @@ class Plan:
         for start in range(0, len(args), MAX_ARGS):
             self.call(code, key, args[start : start + MAX_ARGS], lead)
 
-    def index(self, keys: list[str], hashes: list[Hash], texts: list[Text], *, into: bool) -> None:
+    def index(
+        self, entry_keys: list[str], hashes: list[Hash], texts: list[Text], *, into: bool
+    ) -> None:
         """`hashes` (as `texts`, their `member_texts`) into (or out of) the entry index whose
-        bucket keys are `keys` (`RedisPart.entry_keys`): written per bucket when the call is
-        sealed."""
-        buckets = self._marks.get(keys[0])
+        bucket keys are `entry_keys` (`RedisPart.entry_keys`): written per bucket when the
+        call is sealed."""
+        buckets = self._marks.get(entry_keys[0])
         if buckets is None:
-            buckets = self._marks[keys[0]] = _Buckets(keys)
-        marked = buckets.marks
+            buckets = self._marks[entry_keys[0]] = _Buckets(entry_keys)
+        marks = buckets.marks
         for i, text in enumerate(texts):
             b = bucket(hashes[i])
-            mark = marked[b]
-            if mark is None:
-                mark = marked[b] = {}
-            mark[text] = into
+            members = marks[b]
+            if members is None:
+                members = marks[b] = {}
+            members[text] = into
 
-    def set_indexed(self, key: str, index: list[str], hashes: list[Hash], *, into: bool) -> None:
+    def set_indexed(
+        self, key: str, entry_keys: list[str], hashes: list[Hash], *, into: bool
+    ) -> None:
         """`hashes` into (SADD) or out of (SREM) the set `key` and, the same way, the entry
-        index whose bucket keys are `index`: the orphan and holder sets' changes, indexed."""
+        index whose bucket keys are `entry_keys`: the orphan and holder sets' changes,
+        indexed."""
         texts = member_texts(hashes)
         self.call(SADD if into else SREM, key, texts)
-        self.index(index, hashes, texts, into=into)
+        self.index(entry_keys, hashes, texts, into=into)
 
-    def remove1(self, keys: Sequence[str], hashes: list[Hash], index: list[str]) -> None:
+    def remove1(self, keys: Sequence[str], hashes: list[Hash], entry_keys: list[str]) -> None:
         """REMOVE1: one of `hashes` out of each of `keys`, two args per key, not four
         (apply.lua runs them one by one, no `unpack`: any count fits in one op), and all of
-        them out of the entry index whose bucket keys are `index`."""
+        them out of the entry index whose bucket keys are `entry_keys`."""
         texts = member_texts(hashes)
         ops = self.ops
         ops.append(REMOVE1)
         ops.append(len(keys))
         ops += texts
         self.keys += keys
-        self.index(index, hashes, texts, into=False)
+        self.index(entry_keys, hashes, texts, into=False)
 
     def seal(self) -> None:
         """Write the entry-index changes still held: the plan is about to be sent."""
@@ -151,12 +156,12 @@ class Plan:
         """Each touched bucket's members out, then in: one SREM and one SADD at most."""
         for buckets in self._marks.values():
             keys = buckets.keys
-            for b, mark in enumerate(buckets.marks):
-                if mark is None:
+            for b, members in enumerate(buckets.marks):
+                if members is None:
                     continue
                 out: list[Arg] = []
                 added: list[Arg] = []
-                for text, into in mark.items():
+                for text, into in members.items():
                     (added if into else out).append(text)
                 if out:
                     self.call(SREM, keys[b], out)

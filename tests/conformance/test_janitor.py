@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvsi.janitor import sweep
 from kvsi.store.base import IndexStore
 from kvsi.store.model import (
@@ -11,7 +13,9 @@ from kvsi.store.model import (
     WorkerKey,
     WorkerState,
     WorkerStatus,
+    WorkerView,
 )
+from tests.waiting import eventually
 
 LIVE = WorkerKey("pod-live", 0)
 GONE = WorkerKey("pod-gone", 0)
@@ -56,3 +60,32 @@ async def test_idle_sessions_without_blocks_are_forgotten(store: IndexStore) -> 
     assert swept.expired.sessions == 1 and swept.workers == []
     assert await store.get_session("idle") is None
     assert await store.get_session("busy") is not None
+
+
+async def test_a_pass_lists_the_workers_only_when_one_reads_disconnected(
+    store: IndexStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing reads every worker's meta on a shared store: a fleet with no disconnected
+    worker is not listed at all (the states a route reads tell, as old as a shared store's
+    registry cache)."""
+    for worker in (LIVE, GONE):
+        await store.apply(worker, Batch(0, 1.0, [EntriesStored([1], "GPU", 0, "s")]))
+        await store.set_status(worker, WorkerStatus(WorkerState.LIVE, 100.0))
+    listed: list[None] = []
+    list_workers = type(store).list_workers
+
+    async def counted(self: IndexStore) -> list[WorkerView]:
+        listed.append(None)
+        return await list_workers(self)
+
+    monkeypatch.setattr(type(store), "list_workers", counted)
+    swept = await sweep(store, now=1000.0, session_idle=1e9, worker_grace=600.0)
+    assert swept.workers == [] and listed == []
+    await store.set_status(GONE, WorkerStatus(WorkerState.DISCONNECTED, 100.0))
+
+    async def disconnected() -> bool:
+        return (await store.worker_states()).get(GONE) is WorkerState.DISCONNECTED
+
+    await eventually(disconnected)
+    swept = await sweep(store, now=1000.0, session_idle=1e9, worker_grace=600.0)
+    assert swept.workers == [GONE] and len(listed) == 1
