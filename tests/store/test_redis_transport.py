@@ -88,6 +88,8 @@ def test_a_run_writes_each_bucket_once_with_the_last_change_of_each_member() -> 
     run = Plan(keys)  # the worker's index exists now: the run writes only what it changes
     for seq in range(16):
         stored = [EntriesStored([1000 * seq + j for j in range(4)], "GPU", 0, f"s{seq % 3}")]
+        if seq == 8:  # evicted at seq 2: back in
+            stored.append(EntriesStored([1001], "GPU", 0, "s9"))
         gone = [1000 * (seq - 1) + 1] if seq else []
         mirror.apply(
             Batch(seq, 1.0 + seq, [*stored, EntriesRemoved(gone)]),
@@ -105,8 +107,9 @@ def test_a_run_writes_each_bucket_once_with_the_last_change_of_each_member() -> 
     for code, key, group in written:
         assert all(key == f"{keys.entry_base(0)}{bucket(int(str(m)))}" for m in group)
         final.update(dict.fromkeys(group, code == SADD))
-    assert final["1001"] is False and final["2000"] is True and final["15003"] is True
-    assert sum(final.values()) == 16 * 4 - 15
+    assert final["2001"] is False and final["2000"] is True and final["15003"] is True
+    assert final["1001"] is True
+    assert sum(final.values()) == 16 * 4 - 14
 
     cleared = Plan(keys)
     mirror.apply(
@@ -142,6 +145,35 @@ async def test_a_clear_late_in_a_call_leaves_only_what_was_stored_after_it(
     await store.apply_many(WORKERS[0], run)
     keys = WorkerKeys(prefix, WORKERS[0])
     assert set().union(*(raw.smembers(key) for key in keys.entries(0))) == {b"6"}
+
+
+async def test_a_run_leaves_the_entry_index_as_its_batches_one_by_one(
+    make_store: MakeStore, raw: Any, prefix: str
+) -> None:
+    """Members stored, evicted and stored again within one call (a u64 past the i64 range, a
+    digest among them) end in the buckets exactly as the same batches applied one at a
+    time leave them, and the buckets hold exactly the worker's blocks."""
+    digest = b"\x01" * 32
+    batches = [
+        Batch(0, 1.0, [EntriesStored([5, 133, 2**64 - 3, digest], "GPU", 0, "s0")]),
+        Batch(1, 2.0, [EntriesRemoved([5, digest])]),
+        Batch(2, 3.0, [EntriesStored([5, digest], "GPU", 0, "s1")]),
+        Batch(3, 4.0, [EntriesRemoved([133, 2**64 - 3])]),
+        Batch(4, 5.0, [EntriesStored([2**64 - 3, 261], "GPU", 0, "s2")]),
+        Batch(5, 6.0, [EntriesRemoved([261])]),
+    ]
+    together = await make_store()
+    await together.apply(WORKERS[0], Batch(0, 0.5, [EntriesStored([9], "GPU", 0, "s9")]))
+    await together.apply_many(WORKERS[0], [Batch(b.seq + 1, b.ts, b.events) for b in batches])
+    one_by_one = await make_store(prefix=f"{prefix}-apart")
+    await one_by_one.apply(WORKERS[0], Batch(0, 0.5, [EntriesStored([9], "GPU", 0, "s9")]))
+    for b in batches:
+        await one_by_one.apply(WORKERS[0], Batch(b.seq + 1, b.ts, b.events))
+    run = [raw.smembers(key) for key in WorkerKeys(prefix, WORKERS[0]).entries(0)]
+    apart = [raw.smembers(key) for key in WorkerKeys(f"{prefix}-apart", WORKERS[0]).entries(0)]
+    assert run == apart
+    held = {member(h) for h in (9, 5, digest, 2**64 - 3)}
+    assert set().union(*run) == {m if isinstance(m, bytes) else str(m).encode() for m in held}
 
 
 EDGES: list[Hash] = [
