@@ -23,11 +23,13 @@ import dataclasses
 import fcntl
 import hashlib
 import os
+import re
 import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -70,10 +72,6 @@ LOADING = 8
 INTSET_ENTRIES = 8192
 """`set-max-intset-entries`: at 10 workers a part holds 1,000,000 entries, ~7,800 per
 entry-index bucket; store/README.md says to raise it with the part size."""
-CLUSTER_CONNECTIONS = 1024
-"""redis-py's cluster client opens at most 100 connections per node by default and raises
-MaxConnectionsError beyond (it does not wait): 1,000 streams of one ingest process, each
-with a call in flight, exceed it (the first trial logged hundreds a second)."""
 INFO_CALLS = 1
 """Commands a shard sample adds between two samples (its INFO)."""
 STEADY_EVENTS_PER_BATCH = (STORES_PER_BATCH + STORES_PER_BATCH) * BLOCKS_PER_STORE
@@ -297,6 +295,24 @@ async def caught_up(fleet: Fleet, ingest: list[str], rate: float) -> None:
     print(f"ingest caught up {time.monotonic() - started:.1f} s after it started", flush=True)
 
 
+OUTAGE = re.compile(r"outage_seconds\W+([0-9.]+)")
+"""A store.available line's outage length, in the console or the JSON log format."""
+
+
+def warm_up(ingest: list[str], logs: list[Path]) -> str:
+    """What the ingest processes' store calls met while they started: their failed calls
+    (`kvsi_store_errors_total`) and the outages their logs recorded."""
+    texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in ingest]
+    failed = sum(metric(t, "kvsi_store_errors_total") for t in texts)
+    lines = [line for log in logs for line in log.read_text().splitlines()]
+    outages = [float(m[1]) for line in lines if (m := OUTAGE.search(line))]
+    unavailable = sum("store.unavailable" in line for line in lines)
+    return (
+        f"ingest warm-up: {failed:.0f} failed store calls, {unavailable} outages logged "
+        f"({sum(outages):.2f} s in all, longest {max(outages, default=0):.2f} s)"
+    )
+
+
 @contextlib.contextmanager
 def servers(kind: str, intset_entries: int = INTSET_ENTRIES) -> Iterator[tuple[str, list[int]]]:
     """A private redis-server ("standalone") or 3-master cluster ("cluster"); yields the store
@@ -306,7 +322,7 @@ def servers(kind: str, intset_entries: int = INTSET_ENTRIES) -> Iterator[tuple[s
         cluster = RedisClusterServers(*options)
         try:
             cluster.start()
-            url = f"{cluster.url}?prefix=bench&max_connections={CLUSTER_CONNECTIONS}"
+            url = f"{cluster.url}?prefix=bench"
             yield url, [n.port for n in cluster.nodes]
         finally:
             cluster.remove()
@@ -336,13 +352,14 @@ async def run(args: argparse.Namespace, url: str, ports: list[int]) -> list[dict
         )
         with contextlib.ExitStack() as stack:
             ingest = []
+            ingest_logs = []
             publishers = fleet.publishers()
             for i in range(args.ingest_processes):
                 metrics_port = free_port()
-                stack.enter_context(
+                ingest_logs.append(stack.enter_context(
                     service(url, publishers[i :: args.ingest_processes], free_port(),
                             "--no-api", "--metrics-port", str(metrics_port), quota=None)
-                )  # fmt: skip
+                ))  # fmt: skip
                 ingest.append(f"http://127.0.0.1:{metrics_port}")
             log = stack.enter_context(service(url, [], port, "--no-ingest", quota=None))
             try:
@@ -355,6 +372,7 @@ async def run(args: argparse.Namespace, url: str, ports: list[int]) -> list[dict
             bases = [base, *ingest]
             async with ingesting(fleet, args.ingest_rate), asyncio.timeout(BUILD_SECONDS):
                 await caught_up(fleet, ingest, args.ingest_rate)
+            print(await asyncio.to_thread(warm_up, ingest, ingest_logs), flush=True)
             async with measuring(args.lock):
                 quiet = await point(args, fleet, bases, port, ports, args.quiet_rps, "no ingest")
                 async with ingesting(fleet, args.ingest_rate):

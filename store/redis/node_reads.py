@@ -11,6 +11,7 @@ policy, slot and node resolution per command, a task per node, a timeout per rep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from kvsi.store.redis.cluster_client import WaitingCluster
 from kvsi.store.redis.plan import Arg
 
 Command = tuple[str, tuple[Arg, ...], dict[str, Any]]
@@ -90,6 +92,25 @@ class NodeReads:
         except (KeyError, IndexError):  # a slot the map lacks
             self.fallbacks["no slot"] += 1
             return None
+        async with self._place():
+            out, refused = await self._run(commands, groups)
+        if out is None:
+            return None
+        if refused:
+            self.fallbacks[refused] += 1
+            return None
+        return out
+
+    def _place(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """One of a `WaitingCluster`'s places, held while the nodes' connections are."""
+        client = self._client
+        return client.place() if isinstance(client, WaitingCluster) else contextlib.nullcontext()
+
+    async def _run(
+        self, commands: Sequence[Command], groups: dict[str, tuple[ClusterNode, list[int]]]
+    ) -> tuple[list[Any] | None, str]:
+        """`_exchange`, each connection back in its pool after (disconnected if its replies
+        were not all read); no replies if it raised."""
         held: list[tuple[ClusterNode, Connection, list[int]]] = []
         read = 0
         """Connections in `held` whose replies were all read."""
@@ -98,16 +119,13 @@ class NodeReads:
             read = len(held)
         except Exception as e:
             self.fallbacks[type(e).__name__] += 1
-            return None
+            return None, ""
         finally:
             for _, conn, _ in held[read:]:
                 await conn.disconnect(nowait=True)  # replies left unread
             for node, conn, _ in held:
                 node.release(conn)
-        if refused:
-            self.fallbacks[refused] += 1
-            return None
-        return out
+        return out, refused
 
     async def _exchange(
         self,

@@ -41,6 +41,7 @@ from kvsi.store.model import (
     advance,
     decide,
 )
+from kvsi.store.redis.cluster_client import WaitingCluster
 from kvsi.store.redis.directories import Asserted, Directories, Due
 from kvsi.store.redis.instances import RedisInstances
 from kvsi.store.redis.layout import (
@@ -99,10 +100,17 @@ LOAD_SETS = 128
 """Sets one members.lua call reads when a writer loads a worker: few calls for a worker of
 many sessions, and Redis never busy long with one (a set is a session's blocks on a part)."""
 
+LOADS = 4
+"""Workers whose mirrors one store loads at once. A process that starts following 1,000
+workers loads every one; all at once, their members.lua calls queued in Redis past the
+socket timeout and held every connection (bench/README.md, fleet_latency.py). A load
+reads a worker's whole index, so a few at once keep Redis busy without a queue."""
+
 POOL_SIZE = 64
-"""Connections per standalone client unless the URL says `max_connections`. Beyond them a
-caller waits for one (up to POOL_WAIT seconds) instead of failing: a fleet of streams and a
-burst of API reads share the pool."""
+"""Calls in flight per client unless the URL says `max_connections`: the connections of a
+standalone client; on a cluster, each call holds one connection of a node at most
+(`WaitingCluster`). Beyond them a caller waits for one (up to POOL_WAIT seconds) instead of
+failing: a fleet of streams and a burst of API reads share the pool."""
 
 EXPIRE_CHUNK = 32
 """Workers an expiry pass reads or scripts per round trip (expire.lua, the forgotten check):
@@ -144,6 +152,19 @@ STORE_OPTIONS = ("prefix", "registry_ttl", "feed_length")
 """Query options of the store URL that are this store's, not redis-py's."""
 
 
+def _calls(url: str, options: dict[str, str]) -> int:
+    """A cluster client's calls in flight (`WaitingCluster`): the URL's `max_connections`,
+    taken out of `options`, or POOL_SIZE."""
+    raw = options.pop("max_connections", str(POOL_SIZE))
+    try:
+        calls = int(raw)
+    except ValueError:
+        calls = 0
+    if calls < 1:
+        raise ValueError(f"store URL {url!r}: max_connections must be a positive integer")
+    return calls
+
+
 def open_client(url: str) -> tuple[Client, dict[str, str]]:
     """A redis-py client for the store URL (its own options passed on), and the store's
     options (`STORE_OPTIONS`) taken out of the query. Raises ValueError for an unknown scheme."""
@@ -153,10 +174,12 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
         raise ValueError(f"store URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
     options = dict(parse_qsl(split.query, keep_blank_values=True))
     ours = {name: options.pop(name) for name in STORE_OPTIONS if name in options}
+    cluster = split.scheme.endswith("+cluster")
+    calls = _calls(url, options) if cluster else 0
     rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
     client: Client
-    if split.scheme.endswith("+cluster"):
-        client = RedisCluster.from_url(rest)
+    if cluster:
+        client = WaitingCluster.from_url(rest, calls=calls, wait=POOL_WAIT)
     else:
         client = Redis.from_pool(
             BlockingConnectionPool.from_url(
@@ -247,6 +270,7 @@ class RedisStore(RedisReader, RedisInstances):
             inline=isinstance(self._direct, DirectScript),
         )
         self._writers: dict[WorkerKey, _Writer] = {}
+        self._loads = asyncio.Semaphore(LOADS)
         self._token_prefix = secrets.token_hex(6) + "."
         self._tokens = itertools.count()
 
@@ -259,8 +283,9 @@ class RedisStore(RedisReader, RedisInstances):
         share one Redis; `registry_ttl` (seconds, default 1) is how long reads reuse the
         list of workers before asking Redis again (0: every read asks); `feed_length`
         (default 1000) bounds each worker's change-feed stream (XADD MAXLEN ~). redis-py's
-        own options pass through, e.g. `max_connections` (default POOL_SIZE here: callers
-        beyond it wait for a connection, up to POOL_WAIT seconds, rather than fail).
+        own options pass through. `max_connections` (default POOL_SIZE) is the calls in flight
+        at once, on a cluster too (`WaitingCluster`): callers beyond it wait for a
+        connection, up to POOL_WAIT seconds, rather than fail.
         """
         client, options = open_client(url)
         prefix = options.pop("prefix", DEFAULT_PREFIX)
@@ -493,8 +518,12 @@ class RedisStore(RedisReader, RedisInstances):
 
         Cost: O(worker entries): a pipeline, then the sets through members.lua (calls at
         once) and the version again; once per worker and process, and again only after
-        another writer took over, or an error.
+        another writer took over, or an error. At most LOADS at once: a load waits its turn.
         """
+        async with self._loads:
+            return await self._load_now(w)
+
+    async def _load_now(self, w: _Writer) -> Mirror:
         keys = w.keys
         for _ in range(WRITE_ATTEMPTS):
             pipe = self._pipeline()

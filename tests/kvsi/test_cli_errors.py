@@ -71,6 +71,12 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "redis://127.0.0.1:1/?password=***&registry_ttl=x': registry_ttl must be a number",
     ),
     (
+        "store-cluster-calls-not-a-number",
+        ["serve", "--store", "redis+cluster://127.0.0.1:1/?max_connections=lots"],
+        {},
+        "?max_connections=lots': max_connections must be a positive integer",
+    ),
+    (
         "pod-not-a-url",
         ["serve", "--pod", "a=notaurl"],
         {},

@@ -1,0 +1,179 @@
+"""The cluster client's callers wait for a connection instead of failing
+(store/redis/cluster_client.py), and a store loads at most LOADS mirrors at once
+(store/redis/store.py): the warm-up of a process that starts following a fleet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import RedisCluster
+from redis.exceptions import ConnectionError, MaxConnectionsError
+
+from kvsi.store.model import Batch, EntriesStored, WorkerKey
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.cluster_client import WaitingCluster
+from kvsi.store.redis.node_reads import NodeReads
+from kvsi.store.redis.store import LOADS, open_client
+from tests.redis_servers import RedisClusterServers
+from tests.store.conftest import MakeStore
+
+CALLERS = 64
+
+
+def plain_url(cluster: RedisClusterServers) -> str:
+    """The cluster's URL as redis-py takes it."""
+    return cluster.url.replace("+cluster", "", 1)
+
+
+def most_connections(client: RedisCluster) -> int:
+    """The most connections any node of the client opened."""
+    return max(len(node._connections) for node in client.get_nodes())
+
+
+@pytest.fixture
+async def waiting(redis_cluster: RedisClusterServers) -> AsyncIterator[WaitingCluster]:
+    client, _ = open_client(f"{redis_cluster.url}?max_connections=2")
+    assert isinstance(client, WaitingCluster)
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.cluster
+async def test_callers_past_the_calls_wait_for_a_connection(
+    waiting: WaitingCluster, redis_cluster: RedisClusterServers
+) -> None:
+    """64 commands and 64 pipelines at once on a client of 2 calls all answer, and no node
+    opens more than 2 connections; redis-py's own client of that size fails them."""
+    keys = [f"k{i}" for i in range(CALLERS)]
+    await waiting.mset_nonatomic({k: k for k in keys})
+
+    async def piped(key: str) -> list[Any]:
+        pipe = waiting.pipeline()
+        pipe.get(key)
+        pipe.strlen(key)
+        return list(await pipe.execute())
+
+    gets = await asyncio.gather(*(waiting.get(k) for k in keys))
+    pipes = await asyncio.gather(*(piped(k) for k in keys))
+    assert gets == [k.encode() for k in keys]
+    assert pipes == [[k.encode(), len(k)] for k in keys]
+    assert most_connections(waiting) <= 2
+
+    plain = RedisCluster.from_url(plain_url(redis_cluster), max_connections=2)
+    try:
+        with pytest.raises(MaxConnectionsError):
+            await asyncio.gather(*(plain.get(k) for k in keys))
+    finally:
+        await plain.aclose()
+
+
+@pytest.mark.cluster
+async def test_a_caller_waits_at_most_the_pool_wait(redis_cluster: RedisClusterServers) -> None:
+    """With its one call held by a blocking read, a second caller gets ConnectionError
+    naming the wait after `wait` seconds, and the first still answers."""
+    client = WaitingCluster.from_url(plain_url(redis_cluster), calls=1, wait=0.2)
+    try:
+        blocked = asyncio.create_task(client.blpop(["nothing-here"], timeout=1))
+        await asyncio.sleep(0.1)
+        with pytest.raises(ConnectionError, match=r"within 0\.2 s \(1 calls in flight\)"):
+            await client.get("k")
+        assert await blocked is None
+        assert await client.get("k") is None
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.cluster
+async def test_a_call_made_inside_a_held_place_does_not_queue(waiting: WaitingCluster) -> None:
+    """Inside a call that holds every place (redis-py sending a redirected command again
+    within a pipeline's execution), a command runs at once instead of waiting for itself."""
+    async with waiting.place(), waiting.place():
+        assert await asyncio.wait_for(waiting.set("inner", "1"), 1.0)
+        assert await asyncio.wait_for(waiting.get("inner"), 1.0) == b"1"
+
+
+@pytest.mark.cluster
+def test_the_urls_max_connections_is_the_calls_in_flight(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """`max_connections` sets the calls (the node pools get SPARE more); bad values are
+    refused naming the option."""
+    client, options = open_client(f"{redis_cluster.url}?max_connections=7&prefix=x")
+    assert isinstance(client, WaitingCluster)
+    assert (client.calls, options) == (7, {"prefix": "x"})
+    default, _ = open_client(redis_cluster.url)
+    assert isinstance(default, WaitingCluster) and default.calls == 64
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ValueError, match="max_connections must be a positive integer"):
+            open_client(f"{redis_cluster.url}?max_connections={bad}")
+
+
+def counting(store: RedisStore) -> Callable[[], int]:
+    """Count the store's loads in flight at once (its `_load_now`); the most, when asked."""
+    inner: Callable[[Any], Awaitable[Any]] = store._load_now
+    now = most = 0
+
+    async def load(w: Any) -> Any:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        try:
+            await asyncio.sleep(0.01)  # a load's round trips, long enough to overlap
+            return await inner(w)
+        finally:
+            now -= 1
+
+    store._load_now = load  # type: ignore[method-assign]
+    return lambda: most
+
+
+@pytest.mark.parametrize("server", ["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+async def test_a_store_loads_at_most_loads_mirrors_at_once(
+    make_store: MakeStore, request: pytest.FixtureRequest, server: str
+) -> None:
+    """A process that starts following 24 workers (each written by another) loads their
+    mirrors LOADS at a time, and every write lands."""
+    url = request.getfixturevalue("redis_cluster" if server == "cluster" else "redis_server").url
+    workers = [WorkerKey(f"pod-{i}", 0) for i in range(24)]
+
+    def batch(seq: int, first: int) -> Batch:
+        return Batch(seq, 10.0 + seq, [EntriesStored([first, first + 1], "GPU", 0, "s", None)])
+
+    before = await make_store(url)
+    for i, w in enumerate(workers):
+        await before.apply(w, batch(0, 1000 * i))
+    after = await make_store(url)
+    most = counting(after)
+    await asyncio.gather(*(after.apply(w, batch(1, 1000 * i + 2)) for i, w in enumerate(workers)))
+    assert most() == LOADS
+    session = await after.get_session("s")
+    assert session is not None
+    assert sorted(p.blocks for p in session.workers) == [4] * len(workers)
+
+
+@pytest.mark.cluster
+async def test_the_readers_direct_path_holds_a_place(redis_cluster: RedisClusterServers) -> None:
+    """NodeReads takes its connections within a place: with the only one held elsewhere,
+    its round answers after that place is given back, not beside it."""
+    client = WaitingCluster.from_url(plain_url(redis_cluster), calls=1, wait=5.0)
+    reads = NodeReads(client)
+    given_back = False
+
+    async def hold() -> None:
+        nonlocal given_back
+        async with client.place():
+            await asyncio.sleep(0.2)
+            given_back = True
+
+    try:
+        await client.set("k", "v")
+        holding = asyncio.create_task(hold())
+        await asyncio.sleep(0.05)
+        assert await reads.run([("k", ("GET", "k"), {})]) == [b"v"]
+        assert given_back
+        await holding
+    finally:
+        await client.aclose()
