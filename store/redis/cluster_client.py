@@ -11,14 +11,16 @@ and the warm-up churned.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-from collections.abc import AsyncIterator
-from typing import Any
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
 from redis.exceptions import ConnectionError
+
+T = TypeVar("T")
 
 SPARE = 8
 """Connections of a node's pool beyond the calls in flight: what redis-py takes for itself
@@ -28,6 +30,52 @@ after an error, a command's policy lookup)."""
 _HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("kvsi_cluster_call", default=False)
 """Whether the running task (or the task that started it) is inside a call that holds a
 place: redis-py's own commands within it do not queue behind it."""
+
+
+class Places:
+    """At most `size` holders at once; takers past them wait in line, first come first
+    served. No I/O. A free place is taken without awaiting anything (the request path
+    takes one per round)."""
+
+    __slots__ = ("_free", "_line")
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._line: deque[asyncio.Future[None]] = deque()
+
+    def take_now(self) -> bool:
+        """Take a free place if there is one (then no one waits: a place given back goes to
+        the first in line)."""
+        if self._free:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """A free place, or wait in line for one (cancellable: a place handed over
+        meanwhile is given back)."""
+        if self.take_now():
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._line.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.give_back()
+            elif turn in self._line:
+                self._line.remove(turn)
+            raise
+
+    def give_back(self) -> None:
+        """Hand the place to the first in line still waiting, or free it."""
+        line = self._line
+        while line:
+            turn = line.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
 
 
 class WaitingCluster(RedisCluster):
@@ -44,31 +92,47 @@ class WaitingCluster(RedisCluster):
         super().__init__(max_connections=calls + SPARE, **kwargs)
         self.calls = calls
         self._wait = wait
-        self._places = asyncio.Semaphore(calls)
+        self._places = Places(calls)
 
-    @contextlib.asynccontextmanager
-    async def place(self) -> AsyncIterator[None]:
-        """Hold one of the `calls` places while inside (at once if already holding one)."""
+    async def take_place(self) -> None:
+        """Take a place, for a caller that gives it back itself (`give_place`) and makes
+        no call of this client meanwhile."""
+        if not self._places.take_now():
+            await self._wait_for_place()
+
+    def give_place(self) -> None:
+        """Give back a place `take_place` took."""
+        self._places.give_back()
+
+    async def held(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call`'s result, run holding a place (its own, or the caller's); closed unrun if
+        no place came."""
         if _HOLDING.get():
-            yield
-            return
+            return await call
+        if not self._places.take_now():
+            try:
+                await self._wait_for_place()
+            except BaseException:
+                call.close()
+                raise
+        token = _HOLDING.set(True)
+        try:
+            return await call
+        finally:
+            _HOLDING.reset(token)
+            self._places.give_back()
+
+    async def _wait_for_place(self) -> None:
         try:
             async with asyncio.timeout(self._wait):
-                await self._places.acquire()
+                await self._places.take()
         except TimeoutError:
             raise ConnectionError(
                 f"no cluster connection free within {self._wait:g} s ({self.calls} calls in flight)"
             ) from None
-        token = _HOLDING.set(True)
-        try:
-            yield
-        finally:
-            _HOLDING.reset(token)
-            self._places.release()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        async with self.place():
-            return await super().execute_command(*args, **kwargs)
+        return await self.held(super().execute_command(*args, **kwargs))
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
@@ -86,5 +150,4 @@ class _WaitingPipeline(ClusterPipeline):
     async def execute(
         self, raise_on_error: bool = True, allow_redirections: bool = True
     ) -> list[Any]:
-        async with self._client.place():
-            return await super().execute(raise_on_error, allow_redirections)
+        return await self._client.held(super().execute(raise_on_error, allow_redirections))

@@ -11,7 +11,6 @@ policy, slot and node resolution per command, a task per node, a timeout per rep
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -57,6 +56,9 @@ class NodeReads:
 
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
+        self._waiting = client if isinstance(client, WaitingCluster) else None
+        """The client, if its calls hold places: a round takes one while it holds the
+        nodes' connections."""
         self._encode = client.encoder.encode
         self.fallbacks: Counter[str] = Counter()
         """Calls this path left to the client, by why: "unready" (client not initialized,
@@ -92,40 +94,29 @@ class NodeReads:
         except (KeyError, IndexError):  # a slot the map lacks
             self.fallbacks["no slot"] += 1
             return None
-        async with self._place():
-            out, refused = await self._run(commands, groups)
-        if out is None:
-            return None
-        if refused:
-            self.fallbacks[refused] += 1
-            return None
-        return out
-
-    def _place(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """One of a `WaitingCluster`'s places, held while the nodes' connections are."""
-        client = self._client
-        return client.place() if isinstance(client, WaitingCluster) else contextlib.nullcontext()
-
-    async def _run(
-        self, commands: Sequence[Command], groups: dict[str, tuple[ClusterNode, list[int]]]
-    ) -> tuple[list[Any] | None, str]:
-        """`_exchange`, each connection back in its pool after (disconnected if its replies
-        were not all read); no replies if it raised."""
         held: list[tuple[ClusterNode, Connection, list[int]]] = []
         read = 0
         """Connections in `held` whose replies were all read."""
+        waiting = self._waiting
+        if waiting is not None:
+            await waiting.take_place()
         try:
             out, refused = await self._exchange(commands, groups, held)
             read = len(held)
         except Exception as e:
             self.fallbacks[type(e).__name__] += 1
-            return None, ""
+            return None
         finally:
             for _, conn, _ in held[read:]:
                 await conn.disconnect(nowait=True)  # replies left unread
             for node, conn, _ in held:
                 node.release(conn)
-        return out, refused
+            if waiting is not None:
+                waiting.give_place()
+        if refused:
+            self.fallbacks[refused] += 1
+            return None
+        return out
 
     async def _exchange(
         self,

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError, MaxConnectionsError
 
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
-from kvsi.store.redis.cluster_client import WaitingCluster
+from kvsi.store.redis.cluster_client import Places, WaitingCluster
 from kvsi.store.redis.node_reads import NodeReads
 from kvsi.store.redis.store import LOADS, open_client
 from tests.redis_servers import RedisClusterServers
@@ -90,9 +90,15 @@ async def test_a_caller_waits_at_most_the_pool_wait(redis_cluster: RedisClusterS
 async def test_a_call_made_inside_a_held_place_does_not_queue(waiting: WaitingCluster) -> None:
     """Inside a call that holds every place (redis-py sending a redirected command again
     within a pipeline's execution), a command runs at once instead of waiting for itself."""
-    async with waiting.place(), waiting.place():
+
+    async def inner() -> bytes | None:
         assert await asyncio.wait_for(waiting.set("inner", "1"), 1.0)
-        assert await asyncio.wait_for(waiting.get("inner"), 1.0) == b"1"
+        return await asyncio.wait_for(waiting.get("inner"), 1.0)
+
+    async def both() -> bytes | None:
+        return await waiting.held(inner())
+
+    assert await waiting.held(both()) == b"1"
 
 
 @pytest.mark.cluster
@@ -162,11 +168,13 @@ async def test_the_readers_direct_path_holds_a_place(redis_cluster: RedisCluster
     reads = NodeReads(client)
     given_back = False
 
-    async def hold() -> None:
+    async def given() -> None:
         nonlocal given_back
-        async with client.place():
-            await asyncio.sleep(0.2)
-            given_back = True
+        await asyncio.sleep(0.2)
+        given_back = True
+
+    async def hold() -> None:
+        await client.held(given())
 
     try:
         await client.set("k", "v")
@@ -177,3 +185,58 @@ async def test_the_readers_direct_path_holds_a_place(redis_cluster: RedisCluster
         await holding
     finally:
         await client.aclose()
+
+
+async def test_places_are_handed_over_in_line_order() -> None:
+    """Past its size a taker waits; places go to the waiters first come first served, and
+    a free place is not taken past someone waiting for it."""
+    places = Places(1)
+    assert places.take_now()
+    assert not places.take_now()
+    order: list[str] = []
+
+    async def taker(name: str) -> None:
+        await places.take()
+        order.append(name)
+
+    waiting = [asyncio.create_task(taker(n)) for n in "abc"]
+    await asyncio.sleep(0)
+    places.give_back()
+    await asyncio.sleep(0)
+    assert order == ["a"]
+    assert not places.take_now(), "b and c wait for it"
+    places.give_back()
+    places.give_back()
+    await asyncio.gather(*waiting)
+    assert order == ["a", "b", "c"]
+    places.give_back()
+    assert places.take_now()
+
+
+async def test_a_cancelled_taker_loses_no_place() -> None:
+    """A taker cancelled while in line leaves it; one cancelled after a place was handed to
+    it (before it ran) hands the place on."""
+    places = Places(1)
+    assert places.take_now()
+    first = asyncio.create_task(places.take())
+    second = asyncio.create_task(places.take())
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.sleep(0)
+    places.give_back()  # to second: first left the line
+    await second
+    third = asyncio.create_task(places.take())
+    await asyncio.sleep(0)
+    places.give_back()  # handed to third, which is cancelled before it runs
+    third.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await third
+    assert places.take_now(), "third gave the place back"
+    assert not places.take_now()
+
+
+async def test_a_free_place_is_taken_without_waiting() -> None:
+    places = Places(2)
+    await asyncio.wait_for(places.take(), 1.0)
+    assert places.take_now()
+    assert not places.take_now()
