@@ -706,7 +706,9 @@ class RedisStore(RedisReader, RedisInstances):
         Its sessions' last_seen goes first to the retired record (ZADD LT), so sessions
         seen there outlive it until they expire, as in the memory store. A writer still
         streaming the worker re-creates and re-registers it with its next batch, and a
-        session first seen on it between the copy and the removal is forgotten early.
+        session first seen on it between the copy and the removal is forgotten early. The
+        removal is logged as a status change: readers' caches of states and models read
+        the worker again (a worker re-created meanwhile then shows its new meta's).
         O(its keys + entries + sessions).
         """
         started = time.time()
@@ -725,6 +727,7 @@ class RedisStore(RedisReader, RedisInstances):
         await self._client.srem(self._registry_key, worker_member(worker))
         if self._registry is not None:
             self._registry.discard(worker)
+        await self._log_status(worker)  # readers drop its cached state and model
         await self.release(worker)
 
     async def release(self, worker: WorkerKey) -> None:

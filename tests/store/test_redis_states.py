@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from kvsi.store.model import WorkerKey, WorkerState, WorkerStatus
+from kvsi.store.model import Batch, EntriesStored, WorkerKey, WorkerState, WorkerStatus
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis import reads as reads_module
 from kvsi.store.redis.layout import states_key, states_log_key
@@ -246,6 +246,23 @@ async def test_a_worker_logged_then_removed_costs_no_read_per_request(
     assert calls(raw, "hget") - hgets == 1, "the logged worker, found gone once"
     assert set(answers[0]) == set(WORKERS[1:])
     assert all(a is answers[0] for a in answers)
+
+
+async def test_a_worker_removed_and_created_again_within_the_ttl_shows_its_new_state(
+    fleet: tuple[RedisStore, RedisStore], make_store: MakeStore
+) -> None:
+    """Removed by one process and written again by another (no status yet) between two of
+    a reader's refreshes: the reader's registry still names it, so only the log tells the
+    reader to read it again; it then shows connecting, not the live it had."""
+    writer, reader = fleet
+    await writer.remove_worker(WORKERS[3])
+    again = await make_store()
+    await again.apply(WORKERS[3], Batch(0, time.time(), [EntriesStored([7], "GPU", 0, "s", None)]))
+
+    after = await refreshed(reader)
+
+    assert after[WORKERS[3]] is WorkerState.CONNECTING
+    assert set(after.values()) == {WorkerState.LIVE, WorkerState.CONNECTING}
 
 
 async def test_a_worker_logged_before_this_process_knows_it_leaves_the_mapping_as_it_was(
