@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError, MaxConnectionsError
 
 from kvsi.store.model import Batch, EntriesStored, WorkerKey
 from kvsi.store.redis import RedisStore
-from kvsi.store.redis.cluster_client import Places, WaitingCluster
+from kvsi.store.redis.cluster_client import SPARE, Places, WaitingCluster
 from kvsi.store.redis.node_reads import NodeReads
 from kvsi.store.redis.store import LOADS, open_client
 from tests.redis_servers import RedisClusterServers
@@ -110,6 +110,7 @@ def test_the_urls_max_connections_is_the_calls_in_flight(
     client, options = open_client(f"{redis_cluster.url}?max_connections=7&prefix=x")
     assert isinstance(client, WaitingCluster)
     assert (client.calls, options) == (7, {"prefix": "x"})
+    assert client.connection_kwargs["max_connections"] == 7 + SPARE
     default, _ = open_client(redis_cluster.url)
     assert isinstance(default, WaitingCluster) and default.calls == 64
     for bad in ("0", "-1", "many"):
