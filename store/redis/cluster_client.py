@@ -23,13 +23,17 @@ from redis.exceptions import ConnectionError
 T = TypeVar("T")
 
 SPARE = 8
-"""Connections of a node's pool beyond the calls in flight: what redis-py takes for itself
-within a call (a command sent again one by one after a redirection, the slot map read again
-after an error, a command's policy lookup)."""
+"""Connections of a node's pool beyond the calls in flight: a margin for connections that
+outlive their call's place for a moment (redis-py closes a connection marked for reconnect
+after a slot map refresh in a task of its own, after it was given back; a multi-node call
+that raised leaves its other nodes' requests to finish)."""
 
-_HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("kvsi_cluster_call", default=False)
-"""Whether the running task (or the task that started it) is inside a call that holds a
-place: redis-py's own commands within it do not queue behind it."""
+_HOLDING: contextvars.ContextVar[WaitingCluster | None] = contextvars.ContextVar(
+    "kvsi_cluster_call", default=None
+)
+"""The client whose place the running task (or the task that started it) holds: redis-py's
+own commands within that call (a pipeline's commands sent again after a redirection) do not
+queue behind it."""
 
 
 class Places:
@@ -60,7 +64,7 @@ class Places:
         self._line.append(turn)
         try:
             await turn
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or the coroutine closed
             if turn.done() and not turn.cancelled():
                 self.give_back()
             elif turn in self._line:
@@ -81,11 +85,12 @@ class Places:
 class WaitingCluster(RedisCluster):
     """`RedisCluster` with at most `calls` commands and pipelines in flight at once.
 
-    A call holds at most one connection of each node at a time, so with `calls + SPARE`
-    connections per node no node's pool runs out; a caller beyond `calls` waits for a
-    place, up to `wait` seconds, and then fails with ConnectionError (as the standalone
-    `BlockingConnectionPool` does). Calls made by redis-py inside a call that holds a place
-    run without another (they would otherwise wait behind their own caller).
+    A call holds at most one connection of each node at a time, and each node's pool has
+    `calls + SPARE` (`calls` replaces redis-py's `max_connections`, which is not passed
+    too); a caller beyond `calls` waits for a place, up to `wait` seconds, and then fails
+    with ConnectionError (as the standalone `BlockingConnectionPool` does). Calls made by
+    redis-py inside a call that holds a place run without another (they would otherwise
+    wait behind their own caller).
     """
 
     def __init__(self, *, calls: int, wait: float, **kwargs: Any) -> None:
@@ -107,7 +112,7 @@ class WaitingCluster(RedisCluster):
     async def held(self, call: Coroutine[Any, Any, T]) -> T:
         """`call`'s result, run holding a place (its own, or the caller's); closed unrun if
         no place came."""
-        if _HOLDING.get():
+        if _HOLDING.get() is self:
             return await call
         if not self._places.take_now():
             try:
@@ -115,7 +120,7 @@ class WaitingCluster(RedisCluster):
             except BaseException:
                 call.close()
                 raise
-        token = _HOLDING.set(True)
+        token = _HOLDING.set(self)
         try:
             return await call
         finally:
@@ -137,17 +142,17 @@ class WaitingCluster(RedisCluster):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # raises as redis-py's does
-        return _WaitingPipeline(self, transaction)  # type: ignore[abstract]  # set in __init__
+        # redis-py's stubs declare `_event_dispatcher` abstract; ClusterPipeline sets it.
+        return _WaitingPipeline(self, transaction)  # type: ignore[abstract]
 
 
 class _WaitingPipeline(ClusterPipeline):
     """A `WaitingCluster`'s pipeline: its execution holds one place."""
 
-    def __init__(self, client: WaitingCluster, transaction: Any | None) -> None:
-        super().__init__(client, transaction)
-        self._client = client
+    cluster_client: WaitingCluster
 
     async def execute(
         self, raise_on_error: bool = True, allow_redirections: bool = True
     ) -> list[Any]:
-        return await self._client.held(super().execute(raise_on_error, allow_redirections))
+        held = self.cluster_client.held
+        return await held(super().execute(raise_on_error, allow_redirections))

@@ -52,6 +52,10 @@ class NodeReads:
     is disconnected before it goes back to its pool (redis-py reconnects it on next use),
     so replies never shift; replies are parsed and their callbacks applied as the node's
     own `parse_response` does, so both paths answer alike.
+
+    On a `WaitingCluster` a round holds one of its places while it holds the nodes'
+    connections; no place within the client's wait raises ConnectionError (the pipeline
+    would wait as long again).
     """
 
     def __init__(self, client: RedisCluster) -> None:
@@ -107,12 +111,14 @@ class NodeReads:
             self.fallbacks[type(e).__name__] += 1
             return None
         finally:
-            for _, conn, _ in held[read:]:
-                await conn.disconnect(nowait=True)  # replies left unread
-            for node, conn, _ in held:
-                node.release(conn)
-            if waiting is not None:
-                waiting.give_place()
+            try:
+                for _, conn, _ in held[read:]:
+                    await conn.disconnect(nowait=True)  # replies left unread
+                for node, conn, _ in held:
+                    node.release(conn)
+            finally:
+                if waiting is not None:
+                    waiting.give_place()
         if refused:
             self.fallbacks[refused] += 1
             return None

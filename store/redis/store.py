@@ -100,6 +100,11 @@ LOAD_SETS = 128
 """Sets one members.lua call reads when a writer loads a worker: few calls for a worker of
 many sessions, and Redis never busy long with one (a set is a session's blocks on a part)."""
 
+LOAD_CALLS = 8
+"""members.lua calls one load has in flight at once: with LOADS, the loads hold at most
+half of a client's default places, and the reads queued behind them wait for a few calls,
+not a worker's whole index."""
+
 LOADS = 4
 """Workers whose mirrors one store loads at once. A process that starts following 1,000
 workers loads every one; all at once, their members.lua calls queued in Redis past the
@@ -572,10 +577,15 @@ class RedisStore(RedisReader, RedisInstances):
 
     async def _members(self, sets: list[str]) -> list[list[bytes]]:
         """The members of every set of one worker, in order: members.lua over LOAD_SETS
-        sets a call, the calls at once (one reply each, not one command per set)."""
-        chunks = [sets[i : i + LOAD_SETS] for i in range(0, len(sets), LOAD_SETS)]
-        replies = await asyncio.gather(*(self._members_script(keys=c) for c in chunks))
-        return [members for reply in replies for members in reply]
+        sets a call, LOAD_CALLS calls at once (one reply each, not one command per set)."""
+        out: list[list[bytes]] = []
+        step = LOAD_SETS * LOAD_CALLS
+        for start in range(0, len(sets), step):
+            part = sets[start : start + step]
+            chunks = [part[i : i + LOAD_SETS] for i in range(0, len(part), LOAD_SETS)]
+            replies = await asyncio.gather(*(self._members_script(keys=c) for c in chunks))
+            out += [members for reply in replies for members in reply]
+        return out
 
     def _writer(self, worker: WorkerKey) -> _Writer:
         w = self._writers.get(worker)

@@ -5,18 +5,20 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from redis.asyncio import RedisCluster
-from redis.exceptions import ConnectionError, MaxConnectionsError
+from redis.exceptions import ConnectionError, MaxConnectionsError, ResponseError
 
-from kvsi.store.model import Batch, EntriesStored, WorkerKey
+from kvsi.store.model import ApplyOutcome, Batch, EntriesStored, StoreEvent, WorkerKey
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.cluster_client import SPARE, Places, WaitingCluster
 from kvsi.store.redis.node_reads import NodeReads
-from kvsi.store.redis.store import LOADS, open_client
+from kvsi.store.redis.store import LOAD_CALLS, LOAD_SETS, LOADS, open_client
 from tests.redis_servers import RedisClusterServers
 from tests.store.conftest import MakeStore
 
@@ -241,3 +243,93 @@ async def test_a_free_place_is_taken_without_waiting() -> None:
     await asyncio.wait_for(places.take(), 1.0)
     assert places.take_now()
     assert not places.take_now()
+
+
+async def test_a_load_has_at_most_load_calls_in_flight(make_store: MakeStore) -> None:
+    """A worker of more sessions than LOAD_SETS x LOAD_CALLS sets loads in several waves of
+    members.lua calls, and its mirror is whole: the next write lands beside every session."""
+    worker = WorkerKey("pod-big", 0)
+    sessions = LOAD_SETS * LOAD_CALLS + 100
+    events: list[StoreEvent] = [
+        EntriesStored([10 + i], "GPU", 0, f"s-{i}", None) for i in range(sessions)
+    ]
+    await (await make_store()).apply(worker, Batch(0, 10.0, events))
+    after = await make_store()
+    script = after._members_script
+    now = most = 0
+
+    async def members(**kwargs: Any) -> Any:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        try:
+            return await script(**kwargs)
+        finally:
+            now -= 1
+
+    after._members_script = members  # type: ignore[assignment]
+    stored = EntriesStored([5], "GPU", 0, "s-0", None)
+    assert await after.apply(worker, Batch(1, 11.0, [stored])) is ApplyOutcome.APPLIED
+    assert most == LOAD_CALLS
+    first, last = await after.get_session("s-0"), await after.get_session(f"s-{sessions - 1}")
+    assert first is not None and [w.blocks for w in first.workers] == [2]
+    assert last is not None and [w.blocks for w in last.workers] == [1]
+
+
+@pytest.mark.cluster
+async def test_a_place_comes_back_after_an_error_or_a_cancellation(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """With one place: a command answered with an error, and one cancelled while Redis
+    blocks on it, each give it back; the next command does not wait for it."""
+    client = WaitingCluster.from_url(plain_url(redis_cluster), calls=1, wait=0.5)
+    try:
+        await client.set("a-string", "x")
+        with pytest.raises(ResponseError):
+            await client.lpush("a-string", "y")
+        blocked = asyncio.create_task(client.blpop(["nothing-here"], timeout=2))
+        await asyncio.sleep(0.1)
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert await client.get("a-string") == b"x"
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.cluster
+async def test_a_call_that_got_no_place_is_closed_unrun(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """A caller that waited past the wait gets ConnectionError, and its command was never
+    sent nor left unawaited (no RuntimeWarning)."""
+    client = WaitingCluster.from_url(plain_url(redis_cluster), calls=1, wait=0.1)
+    try:
+        blocked = asyncio.create_task(client.blpop(["nothing-here"], timeout=1))
+        await asyncio.sleep(0.05)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(ConnectionError):
+                await client.set("never", "1")
+            gc.collect()
+        assert await blocked is None
+        assert await client.get("never") is None
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.cluster
+async def test_the_readers_direct_path_gives_its_place_back_when_it_falls_back(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """A round answered with an error reply leaves the commands to the client (None), and
+    its place is free again for the next round."""
+    client = WaitingCluster.from_url(plain_url(redis_cluster), calls=1, wait=0.5)
+    reads = NodeReads(client)
+    try:
+        await client.rpush("a-list", "x")
+        assert await reads.run([("a-list", ("GET", "a-list"), {})]) is None
+        assert reads.fallbacks["WrongTypeError"] + reads.fallbacks["ResponseError"] == 1
+        assert await reads.run([("a-list", ("LLEN", "a-list"), {})]) == [1]
+    finally:
+        await client.aclose()
