@@ -26,6 +26,8 @@ from kvsi.store.redis.layout import (
     decode_residency,
     encode_progress,
     encode_residency,
+    states_key,
+    states_log_key,
 )
 from kvsi.store.select import open_store
 from tests.store.conftest import MakeStore
@@ -160,7 +162,9 @@ async def test_prefixes_keep_fleets_apart(
     gone = await one.get_session("s")
     assert gone is not None and gone.total_blocks == 0  # kept until it expires
     assert (await one.expire_sessions(2.0, 1000)).sessions == 1
-    assert raw.keys(f"{prefix}-one*") == []
+    # Only the fleet's states counter and log are left: the removal moved them.
+    left = set(raw.keys(f"*{prefix}-one*"))
+    assert left == {states_key(f"{prefix}-one").encode(), states_log_key(f"{prefix}-one").encode()}
     view = await two.get_session("s")
     assert view is not None and view.total_blocks == 2
     assert all(k.startswith(f"{prefix}-two:".encode()) for k in raw.keys(f"{prefix}-t*"))
