@@ -114,12 +114,11 @@ class WaitingCluster(RedisCluster):
         no place came."""
         if _HOLDING.get() is self:
             return await call
-        if not self._places.take_now():
-            try:
-                await self._wait_for_place()
-            except BaseException:
-                call.close()
-                raise
+        try:
+            await self.take_place()
+        except BaseException:
+            call.close()
+            raise
         token = _HOLDING.set(self)
         try:
             return await call

@@ -157,17 +157,16 @@ STORE_OPTIONS = ("prefix", "registry_ttl", "feed_length")
 """Query options of the store URL that are this store's, not redis-py's."""
 
 
-def _calls(url: str, options: dict[str, str]) -> int:
-    """A cluster client's calls in flight (`WaitingCluster`): the URL's `max_connections`,
-    taken out of `options`, or POOL_SIZE."""
-    raw = options.pop("max_connections", str(POOL_SIZE))
+def _positive(url: str, options: dict[str, str], name: str, default: int) -> int:
+    """The URL's option `name` (taken out of `options`), or `default`; ValueError naming it
+    unless a positive integer."""
     try:
-        calls = int(raw)
+        value = int(options.pop(name, str(default)))
     except ValueError:
-        calls = 0
-    if calls < 1:
-        raise ValueError(f"store URL {url!r}: max_connections must be a positive integer")
-    return calls
+        value = 0
+    if value < 1:
+        raise ValueError(f"store URL {url!r}: {name} must be a positive integer")
+    return value
 
 
 def open_client(url: str) -> tuple[Client, dict[str, str]]:
@@ -180,7 +179,7 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
     options = dict(parse_qsl(split.query, keep_blank_values=True))
     ours = {name: options.pop(name) for name in STORE_OPTIONS if name in options}
     cluster = split.scheme.endswith("+cluster")
-    calls = _calls(url, options) if cluster else 0
+    calls = _positive(url, options, "max_connections", POOL_SIZE) if cluster else 0
     rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
     client: Client
     if cluster:
@@ -298,12 +297,7 @@ class RedisStore(RedisReader, RedisInstances):
             ttl = float(options.pop("registry_ttl", "1"))
         except ValueError:
             raise ValueError(f"store URL {url!r}: registry_ttl must be a number") from None
-        try:
-            feed_length = int(options.pop("feed_length", str(FEED_LENGTH)))
-        except ValueError:
-            feed_length = 0
-        if feed_length < 1:
-            raise ValueError(f"store URL {url!r}: feed_length must be a positive integer")
+        feed_length = _positive(url, options, "feed_length", FEED_LENGTH)
         return cls(client, prefix=prefix, registry_ttl=ttl, feed_length=feed_length)
 
     # -- batches ------------------------------------------------------------------------
@@ -578,14 +572,12 @@ class RedisStore(RedisReader, RedisInstances):
     async def _members(self, sets: list[str]) -> list[list[bytes]]:
         """The members of every set of one worker, in order: members.lua over LOAD_SETS
         sets a call, LOAD_CALLS calls at once (one reply each, not one command per set)."""
-        out: list[list[bytes]] = []
-        step = LOAD_SETS * LOAD_CALLS
-        for start in range(0, len(sets), step):
-            part = sets[start : start + step]
-            chunks = [part[i : i + LOAD_SETS] for i in range(0, len(part), LOAD_SETS)]
-            replies = await asyncio.gather(*(self._members_script(keys=c) for c in chunks))
-            out += [members for reply in replies for members in reply]
-        return out
+        chunks = [sets[i : i + LOAD_SETS] for i in range(0, len(sets), LOAD_SETS)]
+        replies: list[list[list[bytes]]] = []
+        for start in range(0, len(chunks), LOAD_CALLS):
+            wave = chunks[start : start + LOAD_CALLS]
+            replies += await asyncio.gather(*(self._members_script(keys=c) for c in wave))
+        return [members for reply in replies for members in reply]
 
     def _writer(self, worker: WorkerKey) -> _Writer:
         w = self._writers.get(worker)
