@@ -5,13 +5,15 @@ Imports neither zmq nor fastapi. Every backend passes tests/conformance unchange
 checked by mypy against `IndexStore` where store/select.py opens it; each part of the
 service asks for the narrowest role it uses (streams an `IndexWriter`, routes an
 `IndexReader`, the Dynamo API a reader and a `DynamoRegistry`). `ReplicaRoster` is apart
-from the index: central replicas splitting the pods, on a shared store only.
+from the index: central replicas splitting the pods, on a shared store only. A store whose
+calls share a bounded pool of connections (Redis) is also a `PooledStore`: how often its
+callers waited for one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from kvsi.store.feed import FeedHub
 from kvsi.store.model import (
@@ -355,4 +357,25 @@ class IndexStore(IndexWriter, IndexReader, DynamoRegistry, Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+        ...
+
+
+class ConnectionWaits(NamedTuple):
+    """A store's calls that found no connection free and waited for one, since it opened."""
+
+    waits: int
+    """Calls that waited (those that then failed or were cancelled included); a call that
+    got a connection at once is not counted."""
+    seconds: float
+    """The time they waited, summed."""
+
+
+@runtime_checkable
+class PooledStore(Protocol):
+    """A store whose calls share a bounded pool of connections, a caller past it waiting for
+    one (Redis: `max_connections` of the store URL). The memory store is not one."""
+
+    def connection_waits(self) -> ConnectionWaits:
+        """The waits so far: numbers kept as the calls wait, read without I/O, so a metrics
+        scrape may read them every time. O(1)."""
         ...

@@ -22,12 +22,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 import structlog
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError
 
+from kvsi.store.base import ConnectionWaits
 from kvsi.store.feed import FeedRecord, WorkerChange
 from kvsi.store.model import (
     CLEARED,
@@ -58,6 +59,7 @@ from kvsi.store.redis.layout import (
 from kvsi.store.redis.mirror import FEED_LENGTH, Mirror, batch_id
 from kvsi.store.redis.node_reads import Command
 from kvsi.store.redis.plan import MAX_ARGS, Arg, Plan
+from kvsi.store.redis.pool import CountingPool
 from kvsi.store.redis.reads import (
     STATES_LOG_LENGTH,
     Client,
@@ -186,7 +188,7 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
         client = WaitingCluster.from_url(rest, calls=calls, wait=POOL_WAIT)
     else:
         client = Redis.from_pool(
-            BlockingConnectionPool.from_url(
+            CountingPool.from_url(
                 rest, retry=ONE_RECONNECT, max_connections=POOL_SIZE, timeout=POOL_WAIT
             )
         )
@@ -299,6 +301,19 @@ class RedisStore(RedisReader, RedisInstances):
             raise ValueError(f"store URL {url!r}: registry_ttl must be a number") from None
         feed_length = _positive(url, options, "feed_length", FEED_LENGTH)
         return cls(client, prefix=prefix, registry_ttl=ttl, feed_length=feed_length)
+
+    def connection_waits(self) -> ConnectionWaits:
+        """The client's callers that found no connection free and waited for one (on a
+        cluster, for a place: `WaitingCluster`), and the seconds they waited, since the store
+        opened; none for a client not opened by `open_client`. Two numbers read, no I/O. The
+        replicas' roster has a client of its own, not counted here."""
+        client = self._client
+        if isinstance(client, WaitingCluster):
+            return client.connection_waits()
+        pool = client.connection_pool if isinstance(client, Redis) else None
+        if isinstance(pool, CountingPool):
+            return pool.connection_waits()
+        return ConnectionWaits(0, 0.0)
 
     # -- batches ------------------------------------------------------------------------
 

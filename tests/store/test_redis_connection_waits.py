@@ -1,0 +1,75 @@
+"""A Redis store counts the calls that waited for a connection (a place, on a cluster) and
+their seconds, and not those that got one at once: the standalone client's `CountingPool`
+(store/redis/pool.py), the cluster's `WaitingCluster` (store/redis/cluster_client.py), read
+through `RedisStore.connection_waits`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from kvsi.store.base import ConnectionWaits, PooledStore
+from kvsi.store.redis import RedisStore
+from kvsi.store.redis.cluster_client import WaitingCluster
+from kvsi.store.redis.pool import CountingPool
+from kvsi.store.redis.store import open_client
+
+CALLERS = 64
+"""Commands sent at once."""
+
+OpenStore = Callable[[int], RedisStore]
+
+
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+async def open_store(request: pytest.FixtureRequest) -> AsyncIterator[OpenStore]:
+    """Stores on the standalone server, then on the cluster, with `calls` connections (on
+    the cluster, calls in flight): the URL's `max_connections`; closed after."""
+    name = "redis_server" if request.param == "redis" else "redis_cluster"
+    url: str = request.getfixturevalue(name).url
+    made: list[RedisStore] = []
+
+    def make(calls: int) -> RedisStore:
+        client, _ = open_client(f"{url}?max_connections={calls}")
+        counter = client if isinstance(client, WaitingCluster) else client.connection_pool
+        assert isinstance(counter, WaitingCluster | CountingPool)
+        size = counter.calls if isinstance(counter, WaitingCluster) else counter.max_connections
+        assert size == calls
+        made.append(RedisStore(client))
+        return made[-1]
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+async def commands_at_once(store: RedisStore, rounds: int = 2) -> None:
+    """CALLERS GETs at once, `rounds` times, every one answered."""
+    client = store._client
+    for _ in range(rounds):
+        keys = [f"waits-{i}" for i in range(CALLERS)]
+        assert await asyncio.gather(*(client.get(k) for k in keys)) == [None] * CALLERS
+
+
+async def test_calls_past_the_pool_are_counted_with_their_seconds(open_store: OpenStore) -> None:
+    """64 commands at once, twice, on a client of 2 connections: every caller past the 2
+    waits (all 64 ask before any is answered), and the store says so."""
+    store = open_store(2)
+    assert isinstance(store, PooledStore)
+    assert store.connection_waits() == ConnectionWaits(0, 0.0)
+
+    await commands_at_once(store)
+
+    waits = store.connection_waits()
+    assert waits.waits == 2 * (CALLERS - 2)
+    assert waits.seconds > 0
+
+
+async def test_calls_within_the_pool_are_not_counted(open_store: OpenStore) -> None:
+    """64 commands at once on a client of 64 connections: none waits."""
+    store = open_store(CALLERS)
+
+    await commands_at_once(store)
+
+    assert store.connection_waits() == ConnectionWaits(0, 0.0)
