@@ -1,4 +1,5 @@
-"""The wiring's Prometheus metrics: the index's size, the janitor, discovery, the loop lag.
+"""The wiring's Prometheus metrics: the index's size, the janitor, discovery, the loop lag,
+the store's connection waits.
 
 Imports prometheus_client only. Each layer keeps its own metrics beside its code
 (subscriber/metrics.py for ingest, api/metrics.py for HTTP); these are the ones of the
@@ -8,10 +9,10 @@ processes that wire the layers together, so nothing below kvsi/ reaches up for a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 BUILD = Info(
@@ -138,6 +139,51 @@ def _index_families(
 INDEX = IndexSizes()
 """The index size gauges; `kvsi.serve` refreshes them from the store."""
 REGISTRY.register(INDEX)
+
+
+CONNECTION_WAITS_HELP = (
+    "Store calls that found every connection of the process's Redis client in use (on Redis "
+    "Cluster, its max_connections calls in flight) and waited for one; one that got a "
+    "connection at once is not counted, one still waiting after 5 s fails. Redis stores "
+    "only: a process on the memory store has no pool and exports neither series."
+)
+CONNECTION_WAIT_SECONDS_HELP = (
+    "Seconds the store calls counted by kvsi_store_connection_waits_total waited for a "
+    "connection, summed (the mean wait: the ratio of the two rates)."
+)
+
+
+class StoreConnectionWaits(Collector):
+    """The store's connection waits, read from the store at each scrape (two numbers it
+    keeps as calls wait: no store I/O). Nothing until `follow` names a store that counts
+    them; `kvsi.serve` does for a Redis store."""
+
+    def __init__(self) -> None:
+        self._read: Callable[[], tuple[int, float]] | None = None
+
+    def follow(self, read: Callable[[], tuple[int, float]] | None) -> None:
+        """Read the waits and their seconds from `read` at each scrape (None: export none)."""
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        read = self._read
+        if read is not None:
+            yield from _wait_families(*read())
+
+    def describe(self) -> Iterator[Metric]:
+        return _wait_families(0, 0.0)
+
+
+def _wait_families(waits: int, seconds: float) -> Iterator[Metric]:
+    yield CounterMetricFamily("kvsi_store_connection_waits", CONNECTION_WAITS_HELP, value=waits)
+    yield CounterMetricFamily(
+        "kvsi_store_connection_wait_seconds", CONNECTION_WAIT_SECONDS_HELP, value=seconds
+    )
+
+
+CONNECTION_WAITS = StoreConnectionWaits()
+"""The store's connection waits; `kvsi.serve` points it at the store it opened."""
+REGISTRY.register(CONNECTION_WAITS)
 
 
 async def watch_loop_lag(interval: float = LOOP_LAG_INTERVAL) -> None:

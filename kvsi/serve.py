@@ -27,7 +27,7 @@ from kvsi.http import serving_protocol
 from kvsi.janitor import run_gc_freezer, run_janitor
 from kvsi.loops import loop_name
 from kvsi.settings import DiscoveryConfig, Settings, bearer_tokens
-from kvsi.store.base import IndexReader, IndexStore
+from kvsi.store.base import IndexReader, IndexStore, PooledStore
 from kvsi.store.model import WorkerKey
 from kvsi.store.select import StoreURLError, masked, open_roster, open_store
 from kvsi.subscriber.pool import StreamPool
@@ -166,6 +166,8 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         asyncio.create_task(run_gc_freezer(settings.gc_freeze_interval_seconds), name="gc-freezer")
     )
     tasks.append(asyncio.create_task(metrics.watch_loop_lag(), name="loop-lag"))
+    if isinstance(store, PooledStore):  # the memory store has no pool: no series
+        metrics.CONNECTION_WAITS.follow(store.connection_waits)
     try:
         if settings.api:
             await _serve_api(settings, store, pool, on_ready)
@@ -185,6 +187,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         if fleet is not None:
             fleet.stop()
             await fleet.close()
+        metrics.CONNECTION_WAITS.follow(None)
         await store.close()
 
 
