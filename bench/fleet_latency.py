@@ -295,6 +295,17 @@ async def caught_up(fleet: Fleet, ingest: list[str], rate: float) -> None:
     print(f"ingest caught up {time.monotonic() - started:.1f} s after it started", flush=True)
 
 
+def connection_waits(base: str) -> tuple[float, float]:
+    """A process's store calls that waited for a connection so far, and the seconds they
+    waited (`kvsi_store_connection_waits_total`, `..._wait_seconds_total`): a scrape reads
+    two numbers the store keeps, no Redis command."""
+    text = httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text
+    return (
+        metric(text, "kvsi_store_connection_waits_total"),
+        metric(text, "kvsi_store_connection_wait_seconds_total"),
+    )
+
+
 OUTAGE = re.compile(r"outage_seconds\W+([0-9.]+)")
 """A store.available line's outage length, in the console or the JSON log format."""
 
@@ -443,6 +454,7 @@ async def point(
         await settled(bases[0])
     idle = await idle_window(ports, bases[1:], args.idle)
     events = await asyncio.to_thread(applied, bases[1:])
+    waits_before = await asyncio.to_thread(connection_waits, bases[0])
     await asyncio.to_thread(slowlog_reset, ports)
     before = await asyncio.to_thread(shards, ports)
     started = time.monotonic()
@@ -452,6 +464,7 @@ async def point(
     wall = time.monotonic() - started
     events = await asyncio.to_thread(applied, bases[1:]) - events
     load = window(before, after, wall, events)
+    waits_after = await asyncio.to_thread(connection_waits, bases[0])
     commands, cpu_us = api_share(load, idle, report["sent"])
     report |= {
         "rps": rps,
@@ -465,11 +478,16 @@ async def point(
         "idle_per_apply": per_apply(idle),
         "shard_ops": load.ops,
         "shard_memory_mib": [m / 2**20 for m in load.memory],
+        "api_connection_waits": {
+            "waits": waits_after[0] - waits_before[0],
+            "seconds": waits_after[1] - waits_before[1],
+        },
     }
     report["cpu"]["redis"] = load.cpu / wall
     report["cpu"]["others"] -= report["cpu"]["redis"]  # measure() counted Redis as others
     print(line(report), flush=True)
     print(redis_line(report), flush=True)
+    print(waits_line(report), flush=True)
     print(stalls_line(report), flush=True)
     print(slow_line(report), flush=True)
     for kind in report["kinds"].values():
@@ -485,6 +503,16 @@ def slow_line(r: dict[str, Any]) -> str:
         for name, ms in sorted(r["slow_commands"].items(), key=lambda kv: -max(kv[1]))
     )
     return f"    commands over {SLOW_MICROSECONDS / 1000:g} ms on the shards: {named or 'none'}"
+
+
+def waits_line(r: dict[str, Any]) -> str:
+    """The API process's store calls that waited for a connection during the point."""
+    waits = r["api_connection_waits"]
+    mean = f", {waits['seconds'] / waits['waits'] * 1000:.2f} ms each" if waits["waits"] else ""
+    return (
+        f"    API connection waits: {waits['waits']:.0f} store calls waited for a connection, "
+        f"{waits['seconds']:.3f} s in all{mean}"
+    )
 
 
 def redis_line(r: dict[str, Any]) -> str:
