@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from redis.asyncio import Redis
 
 from kvsi.store.base import ConnectionWaits, PooledStore
 from kvsi.store.redis import RedisStore
@@ -32,10 +33,12 @@ async def open_store(request: pytest.FixtureRequest) -> AsyncIterator[OpenStore]
 
     def make(calls: int) -> RedisStore:
         client, _ = open_client(f"{url}?max_connections={calls}")
-        counter = client if isinstance(client, WaitingCluster) else client.connection_pool
-        assert isinstance(counter, WaitingCluster | CountingPool)
-        size = counter.calls if isinstance(counter, WaitingCluster) else counter.max_connections
-        assert size == calls
+        if isinstance(client, WaitingCluster):
+            assert client.calls == calls
+        else:
+            assert isinstance(client, Redis)
+            pool = client.connection_pool
+            assert isinstance(pool, CountingPool) and pool.max_connections == calls
         made.append(RedisStore(client))
         return made[-1]
 
