@@ -7,6 +7,7 @@ Imports neither zmq nor fastapi, nor prometheus_client: the wiring reads the cou
 from __future__ import annotations
 
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool
@@ -33,15 +34,18 @@ class CountingPool(BlockingConnectionPool):
         self._waits = 0
         self._wait_seconds = 0.0
 
-    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
-        get = super().get_connection
+    def get_connection(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, AbstractConnection]:
+        """redis-py's `get_connection`, timed when no connection is free. Not a coroutine
+        itself: a caller that finds one free awaits redis-py's own, with no frame more."""
+        call: Coroutine[Any, Any, AbstractConnection] = super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
         if self.can_get_connection():
-            free: AbstractConnection = await get(*args, **kwargs)  # type: ignore[no-untyped-call]
-            return free
+            return call
+        return self._timed(call)
+
+    async def _timed(self, call: Coroutine[Any, Any, AbstractConnection]) -> AbstractConnection:
         started = time.monotonic()
         try:
-            given: AbstractConnection = await get(*args, **kwargs)  # type: ignore[no-untyped-call]
-            return given
+            return await call
         finally:  # a wait that timed out or was cancelled counts too: it waited
             self._waits += 1
             self._wait_seconds += time.monotonic() - started
