@@ -86,7 +86,8 @@ T = TypeVar("T")
 
 HELD_CONNECTIONS = 4
 """Connections the read scripts hold (`_ReadConnections`): the prefix match and session
-lookup of two routes at once; further concurrent calls take the client's pool."""
+lookup of two routes at once; further concurrent calls take the client's pool. At most
+half the pool (`max_connections`), so that a small pool is never held whole by them."""
 
 SCAN_CHUNK = 4
 """Workers whose whole residency hash one round trip of `list_sessions(order="blocks")`
@@ -271,6 +272,7 @@ class _ReadConnections:
         self._client = client
         self._idle: list[AbstractConnection] = []
         self._held = 0
+        self._most = min(HELD_CONNECTIONS, client.connection_pool.max_connections // 2)
 
     async def evalsha(self, script: AsyncScript, keys: list[str], args: Sequence[Arg]) -> Any:
         try:
@@ -283,7 +285,7 @@ class _ReadConnections:
         client = self._client
         if self._idle:
             conn = self._idle.pop()
-        elif self._held < HELD_CONNECTIONS:
+        elif self._held < self._most:
             self._held += 1
             pool = client.connection_pool
             try:

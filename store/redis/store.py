@@ -181,7 +181,7 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
     options = dict(parse_qsl(split.query, keep_blank_values=True))
     ours = {name: options.pop(name) for name in STORE_OPTIONS if name in options}
     cluster = split.scheme.endswith("+cluster")
-    calls = _positive(url, options, "max_connections", POOL_SIZE) if cluster else 0
+    calls = _positive(url, options, "max_connections", POOL_SIZE)
     rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
     client: Client
     if cluster:
@@ -189,7 +189,7 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
     else:
         client = Redis.from_pool(
             CountingPool.from_url(
-                rest, retry=ONE_RECONNECT, max_connections=POOL_SIZE, timeout=POOL_WAIT
+                rest, retry=ONE_RECONNECT, max_connections=calls, timeout=POOL_WAIT
             )
         )
     use_hiredis_packing(client)

@@ -77,6 +77,12 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "?max_connections=lots': max_connections must be a positive integer",
     ),
     (
+        "store-pool-size-zero",
+        ["serve", "--store", "redis://127.0.0.1:1/?max_connections=0"],
+        {},
+        "?max_connections=0': max_connections must be a positive integer",
+    ),
+    (
         "pod-not-a-url",
         ["serve", "--pod", "a=notaurl"],
         {},

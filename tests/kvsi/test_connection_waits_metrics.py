@@ -17,8 +17,8 @@ from tests.redis_servers import RedisServer, redis_server  # noqa: F401  (fixtur
 REQUESTS = 200
 """Session reads sent at once: far more than the store's connections."""
 CONNECTIONS = 6
-"""The store's pool: the read scripts hold 4 of them (`HELD_CONNECTIONS`), the other reads
-share the rest."""
+"""The store's pool: the read scripts hold 3 of them (half), the other reads share the
+rest."""
 WAITS = ("kvsi_store_connection_waits_total", "kvsi_store_connection_wait_seconds_total")
 
 

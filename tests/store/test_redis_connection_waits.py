@@ -16,6 +16,7 @@ from kvsi.store.redis import RedisStore
 from kvsi.store.redis.cluster_client import WaitingCluster
 from kvsi.store.redis.pool import CountingPool
 from kvsi.store.redis.store import open_client
+from tests.redis_servers import RedisServer
 
 CALLERS = 64
 """Commands sent at once."""
@@ -76,3 +77,17 @@ async def test_calls_within_the_pool_are_not_counted(open_store: OpenStore) -> N
     await commands_at_once(store)
 
     assert store.connection_waits() == ConnectionWaits(0, 0.0)
+
+
+async def test_the_read_scripts_hold_at_most_half_a_small_pool(redis_server: RedisServer) -> None:
+    """On a standalone server the session lookups keep connections of the pool for their
+    script calls: on a pool of 2, one. A registry read then still finds one free, where a
+    pool held whole by them made it wait POOL_WAIT seconds and fail."""
+    store = RedisStore.from_url(f"{redis_server.url}?max_connections=2")
+    try:
+        sessions = await asyncio.gather(*(store.get_session(f"s-{i}") for i in range(8)))
+        assert sessions == [None] * 8
+
+        assert await asyncio.wait_for(store.list_workers(), 2) == []
+    finally:
+        await store.close()
