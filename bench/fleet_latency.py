@@ -312,14 +312,18 @@ OUTAGE = re.compile(r"outage_seconds\W+([0-9.]+)")
 
 def warm_up(ingest: list[str], logs: list[Path]) -> str:
     """What the ingest processes' store calls met while they started: their failed calls
-    (`kvsi_store_errors_total`) and the outages their logs recorded."""
+    (`kvsi_store_errors_total`), the calls that waited for a connection (a place, on a
+    cluster) and their seconds, and the outages their logs recorded."""
     texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in ingest]
     failed = sum(metric(t, "kvsi_store_errors_total") for t in texts)
+    waits = sum(metric(t, "kvsi_store_connection_waits_total") for t in texts)
+    waited = sum(metric(t, "kvsi_store_connection_wait_seconds_total") for t in texts)
     lines = [line for log in logs for line in log.read_text().splitlines()]
     outages = [float(m[1]) for line in lines if (m := OUTAGE.search(line))]
     unavailable = sum("store.unavailable" in line for line in lines)
     return (
-        f"ingest warm-up: {failed:.0f} failed store calls, {unavailable} outages logged "
+        f"ingest warm-up: {failed:.0f} failed store calls, {waits:.0f} waited for a "
+        f"connection ({waited:.2f} s in all), {unavailable} outages logged "
         f"({sum(outages):.2f} s in all, longest {max(outages, default=0):.2f} s)"
     )
 
