@@ -142,14 +142,17 @@ REGISTRY.register(INDEX)
 
 
 CONNECTION_WAITS_HELP = (
-    "Store calls that found every connection of the process's Redis client in use (on Redis "
-    "Cluster, its max_connections calls in flight) and waited for one; one that got a "
-    "connection at once is not counted, one still waiting after 5 s fails. Redis stores "
-    "only: a process on the memory store has no pool and exports neither series."
+    "Redis client calls (commands, pipelines, script calls) of the store that found every "
+    "connection of its pool in use (on Redis Cluster, its max_connections calls in flight) "
+    "and waited for one; one that got a connection at once is not counted, one that waited "
+    "too long fails as the store being unavailable. Redis stores only: a process on the "
+    "memory store has no pool and exports neither series."
 )
 CONNECTION_WAIT_SECONDS_HELP = (
-    "Seconds the store calls counted by kvsi_store_connection_waits_total waited for a "
-    "connection, summed (the mean wait: the ratio of the two rates)."
+    "Seconds the calls counted by kvsi_store_connection_waits_total waited, summed (the mean "
+    "wait: the ratio of the two rates). On a standalone server they run until the connection "
+    "is in hand (a connection handed back closed is connected again within them); on a "
+    "cluster, until the call has its place."
 )
 
 

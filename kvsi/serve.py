@@ -166,8 +166,10 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         asyncio.create_task(run_gc_freezer(settings.gc_freeze_interval_seconds), name="gc-freezer")
     )
     tasks.append(asyncio.create_task(metrics.watch_loop_lag(), name="loop-lag"))
-    if isinstance(store, PooledStore):  # the memory store has no pool: no series
-        metrics.CONNECTION_WAITS.follow(store.connection_waits)
+    # The memory store has no pool: no series (and none left from a store before it).
+    metrics.CONNECTION_WAITS.follow(
+        store.connection_waits if isinstance(store, PooledStore) else None
+    )
     try:
         if settings.api:
             await _serve_api(settings, store, pool, on_ready)
@@ -179,6 +181,7 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
                 on_ready("")
             await asyncio.Event().wait()
     finally:
+        metrics.CONNECTION_WAITS.follow(None)  # first: nothing below may leave it pointing here
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -187,7 +190,6 @@ async def run_service(settings: Settings, *, on_ready: Callable[[str], None] | N
         if fleet is not None:
             fleet.stop()
             await fleet.close()
-        metrics.CONNECTION_WAITS.follow(None)
         await store.close()
 
 

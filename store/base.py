@@ -361,7 +361,8 @@ class IndexStore(IndexWriter, IndexReader, DynamoRegistry, Protocol):
 
 
 class ConnectionWaits(NamedTuple):
-    """A store's calls that found no connection free and waited for one, since it opened."""
+    """A store's client calls (commands, pipelines, script calls) that found no connection
+    free and waited for one, since it opened."""
 
     waits: int
     """Calls that waited (those that then failed or were cancelled included); a call that

@@ -23,7 +23,8 @@ class CountingPool(BlockingConnectionPool):
 
     redis-py's `get_connection` waits on a condition until `can_get_connection` holds (a
     connection was given back) or `timeout` passes (then ConnectionError); this checks the
-    same condition first and times the calls that will wait, and changes nothing else. A
+    same condition first (and that its lock is free: a release holds it while it closes a
+    connection) and times the calls that will wait, and changes nothing else. A
     waiter's seconds run to the connection in hand: a connection given back closed (after
     an error) is connected again inside them. A caller that finds one free costs one check
     more, and is not counted.
@@ -38,7 +39,7 @@ class CountingPool(BlockingConnectionPool):
         """redis-py's `get_connection`, timed when no connection is free. Not a coroutine
         itself: a caller that finds one free awaits redis-py's own, with no frame more."""
         call: Coroutine[Any, Any, AbstractConnection] = super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-        if self.can_get_connection():
+        if self.can_get_connection() and not self._condition.locked():
             return call
         return self._timed(call)
 

@@ -87,7 +87,8 @@ T = TypeVar("T")
 HELD_CONNECTIONS = 4
 """Connections the read scripts hold (`_ReadConnections`): the prefix match and session
 lookup of two routes at once; further concurrent calls take the client's pool. At most
-half the pool (`max_connections`), so that a small pool is never held whole by them."""
+half of the pool (`max_connections`) less one connection, the change feed's: a small pool
+is never held whole by them and the feed pump's blocking reads."""
 
 SCAN_CHUNK = 4
 """Workers whose whole residency hash one round trip of `list_sessions(order="blocks")`
@@ -272,7 +273,7 @@ class _ReadConnections:
         self._client = client
         self._idle: list[AbstractConnection] = []
         self._held = 0
-        self._most = min(HELD_CONNECTIONS, client.connection_pool.max_connections // 2)
+        self._most_held = min(HELD_CONNECTIONS, (client.connection_pool.max_connections - 1) // 2)
 
     async def evalsha(self, script: AsyncScript, keys: list[str], args: Sequence[Arg]) -> Any:
         try:
@@ -285,7 +286,7 @@ class _ReadConnections:
         client = self._client
         if self._idle:
             conn = self._idle.pop()
-        elif self._held < self._most:
+        elif self._held < self._most_held:
             self._held += 1
             pool = client.connection_pool
             try:

@@ -119,6 +119,11 @@ standalone client; on a cluster, each call holds one connection of a node at mos
 (`WaitingCluster`). Beyond them a caller waits for one (up to POOL_WAIT seconds) instead of
 failing: a fleet of streams and a burst of API reads share the pool."""
 
+MIN_CALLS = 2
+"""The fewest calls in flight a URL may ask for: a process watching the change feed keeps
+one in a blocking read most of the time (store/redis/feed.py), and every other call would
+queue behind it on one."""
+
 EXPIRE_CHUNK = 32
 """Workers an expiry pass reads or scripts per round trip (expire.lua, the forgotten check):
 a pass over the whole fleet then holds the event loop, and Redis, a chunk at a time, and the
@@ -159,15 +164,16 @@ STORE_OPTIONS = ("prefix", "registry_ttl", "feed_length")
 """Query options of the store URL that are this store's, not redis-py's."""
 
 
-def _positive(url: str, options: dict[str, str], name: str, default: int) -> int:
+def _positive(url: str, options: dict[str, str], name: str, default: int, least: int = 1) -> int:
     """The URL's option `name` (taken out of `options`), or `default`; ValueError naming it
-    unless a positive integer."""
+    unless an integer of at least `least`."""
     try:
         value = int(options.pop(name, str(default)))
     except ValueError:
         value = 0
-    if value < 1:
-        raise ValueError(f"store URL {url!r}: {name} must be a positive integer")
+    if value < least:
+        what = "a positive integer" if least == 1 else f"an integer of at least {least}"
+        raise ValueError(f"store URL {url!r}: {name} must be {what}")
     return value
 
 
@@ -181,7 +187,7 @@ def open_client(url: str) -> tuple[Client, dict[str, str]]:
     options = dict(parse_qsl(split.query, keep_blank_values=True))
     ours = {name: options.pop(name) for name in STORE_OPTIONS if name in options}
     cluster = split.scheme.endswith("+cluster")
-    calls = _positive(url, options, "max_connections", POOL_SIZE)
+    calls = _positive(url, options, "max_connections", POOL_SIZE, least=MIN_CALLS)
     rest = urlunsplit((scheme, split.netloc, split.path, urlencode(options), split.fragment))
     client: Client
     if cluster:

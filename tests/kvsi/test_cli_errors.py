@@ -74,13 +74,13 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "store-cluster-calls-not-a-number",
         ["serve", "--store", "redis+cluster://127.0.0.1:1/?max_connections=lots"],
         {},
-        "?max_connections=lots': max_connections must be a positive integer",
+        "?max_connections=lots': max_connections must be an integer of at least 2",
     ),
     (
-        "store-pool-size-zero",
-        ["serve", "--store", "redis://127.0.0.1:1/?max_connections=0"],
+        "store-pool-of-one",
+        ["serve", "--store", "redis://127.0.0.1:1/?max_connections=1"],
         {},
-        "?max_connections=0': max_connections must be a positive integer",
+        "?max_connections=1': max_connections must be an integer of at least 2",
     ),
     (
         "pod-not-a-url",

@@ -115,8 +115,8 @@ def test_the_urls_max_connections_is_the_calls_in_flight(
     assert client.connection_kwargs["max_connections"] == 7 + SPARE
     default, _ = open_client(redis_cluster.url)
     assert isinstance(default, WaitingCluster) and default.calls == 64
-    for bad in ("0", "-1", "many"):
-        with pytest.raises(ValueError, match="max_connections must be a positive integer"):
+    for bad in ("1", "0", "-1", "many"):
+        with pytest.raises(ValueError, match="max_connections must be an integer of at least 2"):
             open_client(f"{redis_cluster.url}?max_connections={bad}")
 
 

@@ -6,6 +6,7 @@ through `RedisStore.connection_waits`."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -15,6 +16,7 @@ from kvsi.store.base import ConnectionWaits, PooledStore
 from kvsi.store.redis import RedisStore
 from kvsi.store.redis.cluster_client import WaitingCluster
 from kvsi.store.redis.pool import CountingPool
+from kvsi.store.redis.reads import HELD_CONNECTIONS
 from kvsi.store.redis.store import open_client
 from tests.redis_servers import RedisServer
 
@@ -79,15 +81,39 @@ async def test_calls_within_the_pool_are_not_counted(open_store: OpenStore) -> N
     assert store.connection_waits() == ConnectionWaits(0, 0.0)
 
 
-async def test_the_read_scripts_hold_at_most_half_a_small_pool(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize(("pool", "held"), [(2, 0), (3, 1), (5, 2), (64, HELD_CONNECTIONS)])
+async def test_the_read_scripts_hold_at_most_half_the_pool_less_one(
+    redis_server: RedisServer, pool: int, held: int
+) -> None:
     """On a standalone server the session lookups keep connections of the pool for their
-    script calls: on a pool of 2, one. A registry read then still finds one free, where a
-    pool held whole by them made it wait POOL_WAIT seconds and fail."""
-    store = RedisStore.from_url(f"{redis_server.url}?max_connections=2")
+    script calls: at most half of it less one (the change feed's), up to HELD_CONNECTIONS.
+    A registry read then still finds one free, where a pool held whole by them made it wait
+    POOL_WAIT seconds and fail."""
+    prefix = f"t-{uuid.uuid4().hex[:12]}"
+    store = RedisStore.from_url(f"{redis_server.url}?max_connections={pool}&prefix={prefix}")
     try:
         sessions = await asyncio.gather(*(store.get_session(f"s-{i}") for i in range(8)))
         assert sessions == [None] * 8
+        assert store._reads is not None and store._reads._held == held
 
         assert await asyncio.wait_for(store.list_workers(), 2) == []
     finally:
         await store.close()
+
+
+async def test_a_caller_behind_the_pools_lock_is_counted(redis_server: RedisServer) -> None:
+    """A connection is free but the pool's lock is held (as by a release closing a
+    connection): the caller waits for the lock, and that wait is counted too."""
+    pool = CountingPool.from_url(redis_server.url, max_connections=4)
+    try:
+        async with pool._condition:
+            waiter = asyncio.ensure_future(pool.get_connection())
+            await asyncio.sleep(0.05)
+            assert not waiter.done()
+        await pool.release(await waiter)
+
+        waits = pool.connection_waits()
+        assert waits.waits == 1
+        assert waits.seconds >= 0.04
+    finally:
+        await pool.aclose()
