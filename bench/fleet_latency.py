@@ -297,9 +297,12 @@ async def caught_up(fleet: Fleet, ingest: list[str], rate: float) -> None:
 
 def connection_waits(base: str) -> tuple[float, float]:
     """A process's store calls that waited for a connection so far, and the seconds they
-    waited (`kvsi_store_connection_waits_total`, `..._wait_seconds_total`): a scrape reads
-    two numbers the store keeps, no Redis command."""
-    text = httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text
+    waited: a scrape reads two numbers the store keeps, no Redis command."""
+    return waits_in(httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text)
+
+
+def waits_in(text: str) -> tuple[float, float]:
+    """`kvsi_store_connection_waits_total` and `..._wait_seconds_total` in a scrape."""
     return (
         metric(text, "kvsi_store_connection_waits_total"),
         metric(text, "kvsi_store_connection_wait_seconds_total"),
@@ -316,8 +319,8 @@ def warm_up(ingest: list[str], logs: list[Path]) -> str:
     cluster) and their seconds, and the outages their logs recorded."""
     texts = [httpx.get(f"{base}/metrics", timeout=METRICS_SECONDS).text for base in ingest]
     failed = sum(metric(t, "kvsi_store_errors_total") for t in texts)
-    waits = sum(metric(t, "kvsi_store_connection_waits_total") for t in texts)
-    waited = sum(metric(t, "kvsi_store_connection_wait_seconds_total") for t in texts)
+    each = [waits_in(t) for t in texts]
+    waits, waited = sum(w for w, _ in each), sum(s for _, s in each)
     lines = [line for log in logs for line in log.read_text().splitlines()]
     outages = [float(m[1]) for line in lines if (m := OUTAGE.search(line))]
     unavailable = sum("store.unavailable" in line for line in lines)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import time
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -21,7 +20,7 @@ from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
 from redis.exceptions import ConnectionError
 
-from kvsi.store.base import ConnectionWaits
+from kvsi.store.redis.pool import WaitTally
 
 T = TypeVar("T")
 
@@ -94,7 +93,7 @@ class WaitingCluster(RedisCluster):
     with ConnectionError (as the standalone `BlockingConnectionPool` does). Calls made by
     redis-py inside a call that holds a place run without another (they would otherwise
     wait behind their own caller). The callers that waited for a place, and their seconds,
-    are counted (`connection_waits`); one that took a place at once costs nothing more.
+    are counted (`waited`); one that took a place at once costs nothing more.
     """
 
     def __init__(self, *, calls: int, wait: float, **kwargs: Any) -> None:
@@ -102,8 +101,7 @@ class WaitingCluster(RedisCluster):
         self.calls = calls
         self._wait = wait
         self._places = Places(calls)
-        self._waits = 0
-        self._wait_seconds = 0.0
+        self.waited = WaitTally()
 
     async def take_place(self) -> None:
         """Take a place, for a caller that gives it back itself (`give_place`) and makes
@@ -132,22 +130,14 @@ class WaitingCluster(RedisCluster):
             _HOLDING.reset(token)
             self._places.give_back()
 
-    def connection_waits(self) -> ConnectionWaits:
-        """The callers that waited for a place so far and their seconds; no I/O."""
-        return ConnectionWaits(self._waits, self._wait_seconds)
-
     async def _wait_for_place(self) -> None:
-        started = time.monotonic()
         try:
             async with asyncio.timeout(self._wait):
-                await self._places.take()
+                await self.waited.timed(self._places.take())
         except TimeoutError:
             raise ConnectionError(
                 f"no cluster connection free within {self._wait:g} s ({self.calls} calls in flight)"
             ) from None
-        finally:  # a wait that timed out or was cancelled counts too: it waited
-            self._waits += 1
-            self._wait_seconds += time.monotonic() - started
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         return await self.held(super().execute_command(*args, **kwargs))

@@ -1,4 +1,5 @@
-"""The standalone client's connection pool: redis-py's blocking pool, counting its waits.
+"""Waits for a connection, counted: `WaitTally`, and the standalone client's pool that keeps
+one (`CountingPool`; the cluster client's places keep another, cluster_client.py).
 
 Imports neither zmq nor fastapi, nor prometheus_client: the wiring reads the counts
 (`RedisStore.connection_waits`) and exports them.
@@ -7,13 +8,38 @@ Imports neither zmq nor fastapi, nor prometheus_client: the wiring reads the cou
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
 
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.connection import AbstractConnection
 
 from kvsi.store.base import ConnectionWaits
+
+T = TypeVar("T")
+
+
+class WaitTally:
+    """The calls that waited for a connection (or a place) and their seconds, summed. No I/O."""
+
+    __slots__ = ("_seconds", "_waits")
+
+    def __init__(self) -> None:
+        self._waits = 0
+        self._seconds = 0.0
+
+    async def timed(self, wait: Awaitable[T]) -> T:
+        """`wait`'s result, counted as one wait with its seconds (also when it timed out or
+        was cancelled: it waited)."""
+        started = time.monotonic()
+        try:
+            return await wait
+        finally:
+            self._waits += 1
+            self._seconds += time.monotonic() - started
+
+    def read(self) -> ConnectionWaits:
+        return ConnectionWaits(self._waits, self._seconds)
 
 
 class CountingPool(BlockingConnectionPool):
@@ -32,8 +58,7 @@ class CountingPool(BlockingConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._waits = 0
-        self._wait_seconds = 0.0
+        self.waited = WaitTally()
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, AbstractConnection]:
         """redis-py's `get_connection`, timed when no connection is free. Not a coroutine
@@ -41,16 +66,4 @@ class CountingPool(BlockingConnectionPool):
         call: Coroutine[Any, Any, AbstractConnection] = super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
         if self.can_get_connection() and not self._condition.locked():
             return call
-        return self._timed(call)
-
-    async def _timed(self, call: Coroutine[Any, Any, AbstractConnection]) -> AbstractConnection:
-        started = time.monotonic()
-        try:
-            return await call
-        finally:  # a wait that timed out or was cancelled counts too: it waited
-            self._waits += 1
-            self._wait_seconds += time.monotonic() - started
-
-    def connection_waits(self) -> ConnectionWaits:
-        """The callers that waited so far and their seconds; no I/O."""
-        return ConnectionWaits(self._waits, self._wait_seconds)
+        return self.waited.timed(call)

@@ -315,10 +315,10 @@ class RedisStore(RedisReader, RedisInstances):
         replicas' roster has a client of its own, not counted here."""
         client = self._client
         if isinstance(client, WaitingCluster):
-            return client.connection_waits()
+            return client.waited.read()
         pool = client.connection_pool if isinstance(client, Redis) else None
         if isinstance(pool, CountingPool):
-            return pool.connection_waits()
+            return pool.waited.read()
         return ConnectionWaits(0, 0.0)
 
     # -- batches ------------------------------------------------------------------------

@@ -112,7 +112,7 @@ async def test_a_caller_behind_the_pools_lock_is_counted(redis_server: RedisServ
             assert not waiter.done()
         await pool.release(await waiter)
 
-        waits = pool.connection_waits()
+        waits = pool.waited.read()
         assert waits.waits == 1
         assert waits.seconds >= 0.04
     finally:
